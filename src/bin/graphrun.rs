@@ -1,0 +1,385 @@
+//! The `graphrun` command line: a thin shell over the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use graphrun::checkpoint::{self, DType, TensorData};
+use graphrun::ir::{LogitsMode, Phase};
+use graphrun::lower::{self, GraphSet, LowerOptions};
+use graphrun::passes::schedule::RuleOverride;
+use graphrun::plan::ModelPlan;
+use graphrun::runtime::{GenerateOptions, Model, ModelOptions, Sampling};
+use graphrun::synth::{self, SynthDtype, SynthOptions};
+use graphrun::Error;
+
+#[derive(Parser)]
+#[command(
+    name = "graphrun",
+    version,
+    about = "Qwen4Exp (qwen4_exp) kernel-graph compiler and runtime"
+)]
+struct Cli {
+    /// Read graph files (qwen4exp/*.ron, fusions.ron, rules.ron) from DIR instead of the built-in copy.
+    #[arg(long, global = true, value_name = "DIR")]
+    graphs: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate tokens from a prompt; prints the generated ids, comma-separated, as the last line.
+    Run(RunArgs),
+    /// Write the logits of every prompt position to a safetensors file (tensor `logits`, [T, vocab], f32).
+    Logits(LogitsArgs),
+    /// Print the lowered program as RON (needs no weights).
+    Lower(LowerArgs),
+    /// Show the plan and check the checkpoint's tensor contract.
+    Inspect(InspectArgs),
+    /// Write a random checkpoint in the official layout.
+    Synth(SynthArgs),
+}
+
+#[derive(Args)]
+struct Schedule {
+    /// Override a scheduling rule: NAME=VARIANT, or NAME=off to disable it (repeatable).
+    #[arg(long = "rule", value_name = "NAME=VALUE")]
+    rules: Vec<String>,
+    /// Apply only these fusions (comma-separated names from fusions.ron).
+    #[arg(long, value_delimiter = ',', conflicts_with = "no_fusions")]
+    fusions: Option<Vec<String>>,
+    /// Apply no fusion.
+    #[arg(long)]
+    no_fusions: bool,
+}
+
+impl Schedule {
+    fn overrides(&self) -> Result<Vec<RuleOverride>, Error> {
+        self.rules
+            .iter()
+            .map(|r| r.parse::<RuleOverride>().map_err(Error::from))
+            .collect()
+    }
+    fn fusions(&self) -> Option<Vec<String>> {
+        if self.no_fusions {
+            Some(Vec::new())
+        } else {
+            self.fusions.clone()
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Model directory (config.json, safetensors, optional tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt token ids, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "prompt",
+        conflicts_with = "prompt"
+    )]
+    prompt_ids: Option<Vec<String>>,
+    /// Prompt text (needs tokenizer.json in the model directory); the output is printed as text too.
+    #[arg(long)]
+    prompt: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    max_new_tokens: usize,
+    /// Always take the most likely token (the default unless --temperature is given).
+    #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "seed"])]
+    greedy: bool,
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep generating after an eos token.
+    #[arg(long)]
+    ignore_eos: bool,
+    #[command(flatten)]
+    schedule: Schedule,
+}
+
+#[derive(Args)]
+struct LogitsArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, value_delimiter = ',', required = true)]
+    prompt_ids: Vec<String>,
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    schedule: Schedule,
+}
+
+#[derive(Args)]
+struct LowerArgs {
+    /// Model directory (its config.json is used).
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    model: Option<PathBuf>,
+    /// A config.json.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, default_value = "prefill")]
+    phase: Phase,
+    /// Tokens per step (prefill; decode is always 1).
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// Logits for every position (`all`) or only the last (`last`).
+    #[arg(long, default_value = "all")]
+    logits: String,
+    #[command(flatten)]
+    schedule: Schedule,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    #[arg(long)]
+    model: PathBuf,
+}
+
+#[derive(Args)]
+struct SynthArgs {
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest safetensors file, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    shard_mib: usize,
+}
+
+fn parse_ids(raw: &[String]) -> Result<Vec<u32>, Error> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.trim().parse::<u32>().map_err(|_| {
+                Error::Input(format!("--prompt-ids: `{s}` at position {i} is not a token id (a non-negative integer)"))
+            })
+        })
+        .collect()
+}
+
+fn load_model(
+    dir: &std::path::Path,
+    graphs: &Option<PathBuf>,
+    schedule: &Schedule,
+) -> Result<Model, Error> {
+    let options = ModelOptions {
+        graphs_dir: graphs.clone(),
+        overrides: schedule.overrides()?,
+        fusions: schedule.fusions(),
+    };
+    Model::load(dir, options)
+}
+
+fn graph_set(graphs: &Option<PathBuf>) -> Result<GraphSet, Error> {
+    Ok(match graphs {
+        Some(d) => GraphSet::load_dir(d)?,
+        None => GraphSet::embedded()?,
+    })
+}
+
+fn run(cli: Cli) -> Result<(), Error> {
+    match cli.command {
+        Command::Run(a) => {
+            let sampling = match (a.greedy, a.temperature) {
+                (_, None) => {
+                    if a.top_k.is_some() || a.top_p.is_some() {
+                        return Err(Error::Input("--top-k/--top-p need --temperature".into()));
+                    }
+                    Sampling::Greedy
+                }
+                (_, Some(t)) => Sampling::Sample {
+                    temperature: t,
+                    top_k: a.top_k,
+                    top_p: a.top_p,
+                    seed: a.seed,
+                },
+            };
+            sampling.validate()?;
+            let tokenizer = match &a.prompt {
+                Some(_) => Some(load_tokenizer(&a.model)?),
+                None => None,
+            };
+            let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
+                (Some(ids), _, _) => parse_ids(ids)?,
+                (None, Some(text), Some(tok)) => tok
+                    .encode(text.as_str(), false)
+                    .map_err(|e| Error::Tokenizer {
+                        path: a.model.join("tokenizer.json").display().to_string(),
+                        msg: e.to_string(),
+                    })?
+                    .get_ids()
+                    .to_vec(),
+                _ => return Err(Error::Input("give --prompt-ids or --prompt".into())),
+            };
+            let model = load_model(&a.model, &cli.graphs, &a.schedule)?;
+            let opts = GenerateOptions {
+                max_new_tokens: a.max_new_tokens,
+                sampling,
+                stop_on_eos: !a.ignore_eos,
+            };
+            let out = model.session().generate(&prompt, &opts)?;
+            if let Some(tok) = &tokenizer {
+                let text = tok.decode(&out, false).map_err(|e| Error::Tokenizer {
+                    path: a.model.join("tokenizer.json").display().to_string(),
+                    msg: e.to_string(),
+                })?;
+                println!("{text}");
+            }
+            println!(
+                "{}",
+                out.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+        }
+        Command::Logits(a) => {
+            let prompt = parse_ids(&a.prompt_ids)?;
+            let model = load_model(&a.model, &cli.graphs, &a.schedule)?;
+            let logits = model.session().prefill(&prompt, LogitsMode::All)?;
+            let bytes = checkpoint::f32_bytes(&logits.data);
+            let t = TensorData {
+                name: "logits".into(),
+                dtype: DType::F32,
+                shape: vec![logits.rows, logits.vocab],
+                bytes: std::borrow::Cow::Owned(bytes),
+            };
+            checkpoint::write_safetensors(&a.out, &[t], None)?;
+            eprintln!(
+                "wrote logits [{}, {}] to {}",
+                logits.rows,
+                logits.vocab,
+                a.out.display()
+            );
+        }
+        Command::Lower(a) => {
+            let plan = match (&a.model, &a.config) {
+                (Some(dir), _) => ModelPlan::from_model_dir(dir)?,
+                (None, Some(file)) => ModelPlan::from_file(file)?,
+                _ => unreachable!("clap requires one of --model/--config"),
+            };
+            let logits = match a.logits.as_str() {
+                "all" => LogitsMode::All,
+                "last" => LogitsMode::Last,
+                other => {
+                    return Err(Error::Input(format!(
+                        "--logits {other}: expected all or last"
+                    )))
+                }
+            };
+            let tokens = match a.phase {
+                Phase::Decode => 1,
+                Phase::Prefill => a.tokens.unwrap_or(16),
+            };
+            if a.phase == Phase::Decode && a.tokens.is_some_and(|t| t != 1) {
+                return Err(Error::Input(
+                    "--phase decode has exactly one token; drop --tokens".into(),
+                ));
+            }
+            let mut opts = LowerOptions::new(a.phase, tokens, logits);
+            opts.overrides = a.schedule.overrides()?;
+            opts.fusions = a.schedule.fusions();
+            let lowered = lower::lower(&plan, &graph_set(&cli.graphs)?, &opts)?;
+            for (name, n) in &lowered.fusion_counts {
+                eprintln!("fusion {name}: {n} match(es)");
+            }
+            println!("{}", lowered.program.to_ron());
+        }
+        Command::Inspect(a) => {
+            let plan = ModelPlan::from_model_dir(&a.model)?;
+            println!("{plan}");
+            let model = Model::load(
+                &a.model,
+                ModelOptions {
+                    graphs_dir: cli.graphs.clone(),
+                    ..Default::default()
+                },
+            )?;
+            let params: usize = model
+                .weights
+                .names()
+                .map(|n| model.weights.get(n).unwrap().data.len())
+                .sum();
+            println!(
+                "checkpoint: contract holds: {} weights, {params} parameters, stored as {}",
+                model.weights.len(),
+                model.weight_dtype
+            );
+            if !model.unused_tensors.is_empty() {
+                let shown: Vec<&str> = model
+                    .unused_tensors
+                    .iter()
+                    .take(8)
+                    .map(|s| s.as_str())
+                    .collect();
+                println!(
+                    "checkpoint: {} tensor(s) not used by the text model (mtp.*, model.visual.*, ...): {}{}",
+                    model.unused_tensors.len(),
+                    shown.join(", "),
+                    if model.unused_tensors.len() > 8 { ", ..." } else { "" }
+                );
+            }
+        }
+        Command::Synth(a) => {
+            let text = std::fs::read_to_string(&a.config).map_err(|e| Error::Io {
+                path: a.config.display().to_string(),
+                msg: e.to_string(),
+            })?;
+            let plan = ModelPlan::from_json_str(&text, &a.config.display().to_string())?;
+            let dtype = match a.dtype.as_str() {
+                "f32" => SynthDtype::F32,
+                "bf16" => SynthDtype::Bf16,
+                other => {
+                    return Err(Error::Input(format!(
+                        "--dtype {other}: expected f32 or bf16"
+                    )))
+                }
+            };
+            let opts = SynthOptions {
+                dtype,
+                seed: a.seed,
+                shard_bytes: a.shard_mib.max(1) << 20,
+            };
+            synth::write(&plan, &text, &a.out, &opts)?;
+            eprintln!(
+                "wrote a random {} checkpoint to {}",
+                a.dtype,
+                a.out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn load_tokenizer(dir: &std::path::Path) -> Result<tokenizers::Tokenizer, Error> {
+    let path = dir.join("tokenizer.json");
+    tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

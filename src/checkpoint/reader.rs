@@ -1,0 +1,168 @@
+//! `Checkpoint`: a set of mapped safetensors files seen as one name → tensor
+//! table. Directory resolution (`open_dir`) lives in `dir.rs`.
+
+use std::collections::btree_map::Entry as MapEntry;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::dtype::{bytes_to_f32, bytes_to_i64, DType};
+use super::error::CheckpointError;
+use super::safetensors_file::{SafetensorsFile, StoredTensor};
+
+/// Description of one tensor of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// The file that holds the tensor's bytes.
+    pub file: PathBuf,
+}
+
+/// Where a tensor lives: which file, and its header entry there.
+#[derive(Debug)]
+struct Location {
+    file: usize,
+    tensor: StoredTensor,
+}
+
+/// All tensors of one or more safetensors files, memory-mapped.
+///
+/// Tensor bytes are never copied until asked for: `bytes` hands out slices of
+/// the mappings, and the OS pages data in on first touch.
+#[derive(Debug)]
+pub struct Checkpoint {
+    files: Vec<SafetensorsFile>,
+    /// Same order as `files`; kept separately so `files()` can return a slice.
+    paths: Vec<PathBuf>,
+    /// A BTreeMap so that `names()` is sorted without extra work.
+    tensors: BTreeMap<String, Location>,
+}
+
+impl Checkpoint {
+    /// Opens explicit files (used by tests and by `logits --out` readers).
+    ///
+    /// Fails if any file is unreadable or malformed, or if a tensor name
+    /// occurs in more than one file.
+    pub fn open_files(files: &[PathBuf]) -> Result<Checkpoint, CheckpointError> {
+        if files.is_empty() {
+            return Err(CheckpointError::NoFilesGiven);
+        }
+        let opened = files
+            .iter()
+            .map(|p| SafetensorsFile::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tensors: BTreeMap<String, Location> = BTreeMap::new();
+        for (index, file) in opened.iter().enumerate() {
+            for t in &file.header.tensors {
+                match tensors.entry(t.name.clone()) {
+                    MapEntry::Occupied(prev) => {
+                        return Err(CheckpointError::DuplicateTensor {
+                            path: file.path.clone(),
+                            tensor: t.name.clone(),
+                            other: opened[prev.get().file].path.clone(),
+                        });
+                    }
+                    MapEntry::Vacant(slot) => {
+                        slot.insert(Location {
+                            file: index,
+                            tensor: t.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Checkpoint {
+            paths: opened.iter().map(|f| f.path.clone()).collect(),
+            files: opened,
+            tensors,
+        })
+    }
+
+    /// Tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn info(&self, name: &str) -> Option<TensorInfo> {
+        self.tensors.get(name).map(|loc| TensorInfo {
+            name: name.to_string(),
+            dtype: loc.tensor.dtype.clone(),
+            shape: loc.tensor.shape.clone(),
+            file: self.paths[loc.file].clone(),
+        })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Raw little-endian bytes of the tensor (zero-copy from the mmap).
+    ///
+    /// The slice has no alignment guarantee beyond 1: the data section
+    /// starts wherever the header ends.
+    pub fn bytes(&self, name: &str) -> Result<&[u8], CheckpointError> {
+        let loc = self.locate(name)?;
+        Ok(self.files[loc.file].tensor_bytes(&loc.tensor))
+    }
+
+    /// Converts an f32/f16/bf16 tensor to `f32` (f16/bf16 widened exactly).
+    /// Large tensors are converted in parallel.
+    pub fn to_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
+        let loc = self.locate(name)?;
+        let bytes = self.files[loc.file].tensor_bytes(&loc.tensor);
+        bytes_to_f32(&loc.tensor.dtype, bytes).ok_or_else(|| self.unsupported(loc, "f32"))
+    }
+
+    /// Converts an i64 or i32 tensor to `i64`.
+    pub fn to_i64(&self, name: &str) -> Result<Vec<i64>, CheckpointError> {
+        let loc = self.locate(name)?;
+        let bytes = self.files[loc.file].tensor_bytes(&loc.tensor);
+        bytes_to_i64(&loc.tensor.dtype, bytes).ok_or_else(|| self.unsupported(loc, "i64"))
+    }
+
+    /// The files of the checkpoint, in the order they were opened.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    /// Sum of the tensors' data sizes in bytes (what an index's
+    /// `metadata.total_size` records; headers are not counted).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|loc| (loc.tensor.end - loc.tensor.start) as u64)
+            .sum()
+    }
+
+    /// The `__metadata__` map of the `index`-th file (empty if it has none);
+    /// `None` if there is no such file.
+    pub fn file_metadata(&self, index: usize) -> Option<&BTreeMap<String, String>> {
+        self.files.get(index).map(|f| &f.header.metadata)
+    }
+
+    /// Index of `path` among the files, for `open_dir`'s index check.
+    pub(crate) fn file_index(&self, path: &Path) -> Option<usize> {
+        self.paths.iter().position(|p| p == path)
+    }
+
+    /// The index of the file that holds `name`, if any.
+    pub(crate) fn file_of(&self, name: &str) -> Option<usize> {
+        self.tensors.get(name).map(|loc| loc.file)
+    }
+
+    fn locate(&self, name: &str) -> Result<&Location, CheckpointError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::NoSuchTensor(name.to_string()))
+    }
+
+    fn unsupported(&self, loc: &Location, wanted: &'static str) -> CheckpointError {
+        CheckpointError::UnsupportedDtype {
+            path: self.paths[loc.file].clone(),
+            tensor: loc.tensor.name.clone(),
+            dtype: loc.tensor.dtype.clone(),
+            wanted,
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The CPU reference executor: interprets a program node by node with the f32 math of
+//! `crate::ops`, dispatching on each node's scheduled variant.
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use crate::ir::{Node, Op, Program};
+use crate::ops::{
+    attention, conv, elementwise as ew, embed, gdn, hyper, indexer, linear, moe, norm, ple, rope,
+};
+use crate::weights::{WeightTensor, Weights};
+
+use super::state::{SessionState, StateBuf};
+
+#[derive(Debug, Error)]
+pub enum ExecError {
+    #[error("program for {expected} token(s) given {got}")]
+    TokenCount { expected: usize, got: usize },
+    #[error("weight `{0}` is not loaded")]
+    MissingWeight(String),
+    #[error("node `{node}`: {msg}")]
+    Node { node: String, msg: String },
+}
+
+/// A value during execution; `rows` is the step's token count (1 after `last_row`).
+#[derive(Debug, Clone)]
+pub enum Val {
+    F32 { rows: usize, data: Vec<f32> },
+    I64 { rows: usize, data: Vec<i64> },
+    Sel(Vec<indexer::RowSel>),
+}
+
+impl Val {
+    fn f32(&self) -> (&[f32], usize) {
+        match self {
+            Val::F32 { rows, data } => (data, *rows),
+            _ => unreachable!("validated programs feed f32 inputs where f32 is expected"),
+        }
+    }
+    fn i64(&self) -> &[i64] {
+        match self {
+            Val::I64 { data, .. } => data,
+            _ => unreachable!("validated programs feed i64 inputs where i64 is expected"),
+        }
+    }
+}
+
+/// Runs one step of `program` for `tokens` (already range-checked by the caller) and returns the
+/// logits `[rows, vocab]` with their row count. `state.position` advances by the token count.
+pub fn run(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+) -> Result<(Vec<f32>, usize), ExecError> {
+    if tokens.len() != program.tokens {
+        return Err(ExecError::TokenCount {
+            expected: program.tokens,
+            got: tokens.len(),
+        });
+    }
+    let mut outs = run_values(program, weights, state, tokens, &[program.output.as_str()])?;
+    let (data, rows) = match outs.remove(&program.output) {
+        Some(Val::F32 { rows, data }) => (data, rows),
+        _ => unreachable!("validated programs output f32 logits"),
+    };
+    Ok((data, rows))
+}
+
+/// Runs one step and returns the named values (kept alive past their last use). Used by `run`
+/// and by tests that compare intermediate values.
+pub fn run_values(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    keep: &[&str],
+) -> Result<HashMap<String, Val>, ExecError> {
+    let start = state.position;
+    state.ensure(&program.states, program.consts.ple_eos.unwrap_or(0));
+    let mut values: HashMap<&str, Val> = HashMap::new();
+    values.insert(
+        program.input.as_str(),
+        Val::I64 {
+            rows: tokens.len(),
+            data: tokens.to_vec(),
+        },
+    );
+    let mut kept = HashMap::new();
+    for node in &program.nodes {
+        let inputs: Vec<&Val> = node.inputs.iter().map(|i| &values[i.as_str()]).collect();
+        let ws: Vec<&WeightTensor> = node
+            .weights
+            .iter()
+            .map(|w| {
+                weights
+                    .get(w)
+                    .ok_or_else(|| ExecError::MissingWeight(w.clone()))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut bufs: Vec<StateBuf> = node
+            .states
+            .iter()
+            .map(|s| {
+                state
+                    .bufs
+                    .remove(s)
+                    .expect("ensure() created every declared state")
+            })
+            .collect();
+        let result = exec_node(program, node, &inputs, &ws, &mut bufs, start);
+        for (name, buf) in node.states.iter().zip(bufs) {
+            state.bufs.insert(name.clone(), buf);
+        }
+        let outputs = result.map_err(|msg| ExecError::Node {
+            node: node.name.clone(),
+            msg,
+        })?;
+        for (name, v) in node.outputs.iter().zip(outputs) {
+            values.insert(name.as_str(), v);
+        }
+        for dead in &node.last_use {
+            if let Some(v) = values.remove(dead.as_str()) {
+                if keep.contains(&dead.as_str()) {
+                    kept.insert(dead.clone(), v);
+                }
+            }
+        }
+    }
+    for k in keep {
+        if let Some(v) = values.remove(k) {
+            kept.insert(k.to_string(), v);
+        }
+    }
+    state.position += tokens.len();
+    Ok(kept)
+}
+
+fn rows_buf(buf: &mut StateBuf) -> (&mut Vec<f32>, usize) {
+    match buf {
+        StateBuf::Rows { width, data } => (data, *width),
+        _ => unreachable!("state kinds follow the templates"),
+    }
+}
+
+fn fixed_buf(buf: &mut StateBuf) -> &mut Vec<f32> {
+    match buf {
+        StateBuf::Fixed(v) => v,
+        _ => unreachable!("state kinds follow the templates"),
+    }
+}
+
+fn exec_node(
+    program: &Program,
+    node: &Node,
+    inputs: &[&Val],
+    w: &[&WeightTensor],
+    states: &mut [StateBuf],
+    start: usize,
+) -> Result<Vec<Val>, String> {
+    let consts = &program.consts;
+    let eps = consts.rms_norm_eps;
+    let one = |rows: usize, data: Vec<f32>| Ok(vec![Val::F32 { rows, data }]);
+    match &node.op {
+        Op::Embed => {
+            let ids = inputs[0].i64();
+            let rows = match inputs[0] {
+                Val::I64 { rows, .. } => *rows,
+                _ => unreachable!(),
+            };
+            let d = w[0].shape[1];
+            let table_rows = w[0].shape[0] as i64;
+            if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= table_rows) {
+                return Err(format!("id {bad} is outside the table's {table_rows} rows"));
+            }
+            one(rows, embed::gather(ids, &w[0].data, d))
+        }
+        Op::RepeatStreams { streams } => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::repeat_streams(x, rows, *streams))
+        }
+        Op::RmsNorm { group, unit_offset } => {
+            let (x, rows) = inputs[0].f32();
+            one(
+                rows,
+                norm::rms_norm(x, &w[0].data, *group, *unit_offset, eps),
+            )
+        }
+        Op::Linear => {
+            let (x, rows) = inputs[0].f32();
+            let (n, k) = (w[0].shape[0], w[0].shape[1]);
+            one(
+                rows,
+                linear::by_variant(&node.variant, x, &w[0].data, rows, k, n),
+            )
+        }
+        Op::DivBy { by } => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::div_by(x, *by as f32))
+        }
+        Op::MulBy { by } => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::mul_by(x, *by as f32))
+        }
+        Op::Silu => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::silu_all(x))
+        }
+        Op::Sigmoid => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::sigmoid_all(x))
+        }
+        Op::Mul => {
+            let ((a, rows), (b, _)) = (inputs[0].f32(), inputs[1].f32());
+            one(rows, ew::mul(a, b, rows))
+        }
+        Op::Add => {
+            let ((a, rows), (b, _)) = (inputs[0].f32(), inputs[1].f32());
+            one(rows, ew::add(a, b))
+        }
+        Op::Slice { start: s, len } => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::slice_cols(x, rows, *s, *len))
+        }
+        Op::StreamMean { streams } => {
+            let (x, rows) = inputs[0].f32();
+            one(rows, ew::stream_mean(x, rows, *streams))
+        }
+        Op::HcWrite { streams } => {
+            let (h, rows) = inputs[0].f32();
+            one(
+                rows,
+                ew::hc_write(h, inputs[1].f32().0, inputs[2].f32().0, rows, *streams),
+            )
+        }
+        Op::LastRow => {
+            let (x, rows) = inputs[0].f32();
+            one(1, ew::last_row(x, rows))
+        }
+        Op::CausalConv {
+            kernel,
+            dilation,
+            silu,
+        } => {
+            let (x, rows) = inputs[0].f32();
+            let window = fixed_buf(&mut states[0]);
+            one(
+                rows,
+                conv::causal_conv(x, window, &w[0].data, rows, *kernel, *dilation, *silu),
+            )
+        }
+        Op::GdnGates => {
+            let (b, rows) = inputs[0].f32();
+            let (beta, g) = gdn::gates(b, inputs[1].f32().0, &w[0].data, &w[1].data);
+            Ok(vec![
+                Val::F32 { rows, data: beta },
+                Val::F32 { rows, data: g },
+            ])
+        }
+        Op::GdnRecurrence {
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        } => {
+            let (qkv, rows) = inputs[0].f32();
+            let shape = gdn::GdnShape {
+                key_heads: *key_heads,
+                value_heads: *value_heads,
+                key_dim: *key_dim,
+                value_dim: *value_dim,
+            };
+            let st = fixed_buf(&mut states[0]);
+            one(
+                rows,
+                gdn::recurrence(qkv, inputs[1].f32().0, inputs[2].f32().0, st, rows, &shape),
+            )
+        }
+        Op::GatedRmsNorm { head_dim } => {
+            let (x, rows) = inputs[0].f32();
+            one(
+                rows,
+                norm::gated_rms_norm(
+                    x,
+                    inputs[1].f32().0,
+                    &w[0].data,
+                    *head_dim,
+                    consts.gate_activation,
+                    eps,
+                ),
+            )
+        }
+        Op::SplitQGate { heads, head_dim } => {
+            let (x, rows) = inputs[0].f32();
+            let (q, g) = attention::split_q_gate(x, rows, *heads, *head_dim);
+            Ok(vec![Val::F32 { rows, data: q }, Val::F32 { rows, data: g }])
+        }
+        Op::Rope {
+            head_dim,
+            rotary_dim,
+        } => {
+            let (x, rows) = inputs[0].f32();
+            one(
+                rows,
+                rope::rope(x, rows, start, *head_dim, *rotary_dim, consts.rope_theta),
+            )
+        }
+        Op::IndexerSelect {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            let (q, rows) = inputs[0].f32();
+            let (k, _) = inputs[1].f32();
+            let s = indexer::IndexerShape {
+                heads: *heads,
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+                budget: *budget,
+                block: *block,
+            };
+            let (raw, _) = rows_buf(&mut states[0]);
+            raw.extend_from_slice(k);
+            let raw = std::mem::take(raw);
+            let (pooled, _) = rows_buf(&mut states[1]);
+            indexer::pool_blocks(&raw, pooled, &w[0].data, &s, eps, consts.rope_theta);
+            let sel = indexer::select(q, pooled, rows, start, &s);
+            *rows_buf(&mut states[0]).0 = raw;
+            Ok(vec![Val::Sel(sel)])
+        }
+        Op::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+        } => {
+            let (q, _) = inputs[0].f32();
+            let sel = match inputs[3] {
+                Val::Sel(s) => s,
+                _ => unreachable!(),
+            };
+            let (kc, _) = rows_buf(&mut states[0]);
+            kc.extend_from_slice(inputs[1].f32().0);
+            let keys = std::mem::take(kc);
+            let (vc, _) = rows_buf(&mut states[1]);
+            vc.extend_from_slice(inputs[2].f32().0);
+            let s = attention::AttnShape {
+                heads: *heads,
+                kv_heads: *kv_heads,
+                head_dim: *head_dim,
+            };
+            let out = attention::attend(q, &keys, vc, sel, &s);
+            *rows_buf(&mut states[0]).0 = keys;
+            one(sel.len(), out)
+        }
+        Op::MoeRouter { top_k } => {
+            let (logits, rows) = inputs[0].f32();
+            let experts = logits.len() / rows;
+            let (ids, ws) = moe::route(logits, experts, *top_k, consts.norm_topk_prob);
+            Ok(vec![
+                Val::I64 { rows, data: ids },
+                Val::F32 { rows, data: ws },
+            ])
+        }
+        Op::MoeExperts { intermediate, .. } => {
+            let (x, rows) = inputs[0].f32();
+            let ids = inputs[1].i64();
+            let (ws, _) = inputs[2].f32();
+            let k = ids.len() / rows;
+            let bank = moe::ExpertBank {
+                gate_up: &w[0].data,
+                down: &w[1].data,
+                hidden: x.len() / rows,
+                intermediate: *intermediate,
+            };
+            let out = match node.variant.as_str() {
+                "expert_major" => moe::expert_major(x, ids, ws, rows, k, &bank),
+                _ => moe::token_major(x, ids, ws, rows, k, &bank),
+            };
+            one(rows, out)
+        }
+        Op::PleNgramIds {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let tokens = inputs[0].i64();
+            let t = consts
+                .ple_tables
+                .get(*table)
+                .ok_or_else(|| format!("no PLE table {table}"))?;
+            let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
+            let history = match &mut states[0] {
+                StateBuf::Tokens(h) => h,
+                _ => unreachable!(),
+            };
+            let ids = ple::ngram_ids(
+                tokens,
+                history,
+                eos,
+                *ngram,
+                *heads_per_ngram,
+                &t.multipliers,
+                &t.head_sizes,
+                &t.head_offsets,
+            );
+            Ok(vec![Val::I64 {
+                rows: tokens.len(),
+                data: ids,
+            }])
+        }
+        Op::PleGate { streams } => {
+            let (key, rows) = inputs[0].f32();
+            one(
+                rows,
+                ple::gate(key, inputs[1].f32().0, inputs[2].f32().0, rows, *streams),
+            )
+        }
+        Op::SwigluLinear => {
+            let (x, rows) = inputs[0].f32();
+            let (n, k) = (w[0].shape[0], w[0].shape[1]);
+            one(rows, linear::swiglu(x, &w[0].data, &w[1].data, rows, k, n))
+        }
+        Op::HcMix { streams } => {
+            let (hn, rows) = inputs[0].f32();
+            one(
+                rows,
+                hyper::hc_mix(hn, &w[0].data, &w[1].data, rows, *streams),
+            )
+        }
+        Op::HcInject { streams } => {
+            let (hn, rows) = inputs[0].f32();
+            one(rows, hyper::hc_inject(hn, &w[0].data, rows, *streams))
+        }
+    }
+}

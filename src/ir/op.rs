@@ -1,0 +1,328 @@
+//! The op catalogue: a closed set of operations, each with its inputs, outputs, weights and state.
+//!
+//! `Op<D>` is generic over how a dimension is written: templates (`graphs/qwen4exp/*.ron`) write
+//! dimensions as symbols (`"CH"`, `"hd"`, `2`), the lowered program holds them as numbers. The
+//! same enum serves both so that a template node and a program node read alike.
+//!
+//! Activations are matrices `[T, width]`: one row per token of the step, channels in the width
+//! (heads are contiguous slices of the width). The math of every op is its CPU reference in
+//! `src/ops/`; this file only names the ops and their parameters.
+
+use serde::{Deserialize, Serialize};
+
+/// A dimension in a template: a plan symbol (`"CH"`) or a literal (`2`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Sym {
+    Lit(usize),
+    Name(String),
+}
+
+impl std::fmt::Display for Sym {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sym::Lit(n) => write!(f, "{n}"),
+            Sym::Name(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// One operation. `D` is `Sym` in templates and `usize` in lowered programs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Op<D> {
+    /// Gather rows of a table `[rows, d]` for each id of an i64 input `[T, n]` → `[T, n*d]`.
+    /// Token embedding (n = 1) and the PLE n-gram lookup (n = heads) alike.
+    Embed,
+    /// `[T, H]` → `[T, streams*H]`, every stream a copy of the input.
+    RepeatStreams {
+        streams: D,
+    },
+    /// RMS over groups of `group` channels; weight is `[width]` or `[group]` (shared by groups).
+    /// `unit_offset`: scale by `(1 + w)` instead of `w`. eps comes from the program constants.
+    RmsNorm {
+        group: D,
+        unit_offset: bool,
+    },
+    /// `x [T, K] · Wᵀ`, `W [N, K]` → `[T, N]`; no bias.
+    Linear,
+    /// Elementwise `x / by`.
+    DivBy {
+        by: D,
+    },
+    /// Elementwise `x * by`.
+    MulBy {
+        by: D,
+    },
+    Silu,
+    Sigmoid,
+    /// Elementwise product; the second input may have width 1 (broadcast over the row).
+    Mul,
+    /// Elementwise sum of two inputs of equal width.
+    Add,
+    /// Columns `[start, start+len)` of the input.
+    Slice {
+        start: D,
+        len: D,
+    },
+    /// `[T, streams*H]` → `[T, H]`: the mean over streams.
+    StreamMean {
+        streams: D,
+    },
+    /// Hyper-connection write: `h [T, C*H] + inj [T, C] ⊗ y [T, H]` → `[T, C*H]`.
+    HcWrite {
+        streams: D,
+    },
+    /// Causal depthwise conv over time with `kernel` taps spaced `dilation` apart, carrying the
+    /// last `(kernel-1)*dilation` inputs in its state; optional SiLU on the output.
+    CausalConv {
+        kernel: D,
+        dilation: D,
+        silu: bool,
+    },
+    /// GDN gates: `b, a [T, Vh]`, weights `A_log, dt_bias [Vh]` → `beta = sigmoid(b)`,
+    /// `g = -exp(A_log) * softplus(a + dt_bias)`.
+    GdnGates,
+    /// Gated delta rule over the conv output `[T, 2*Kh*dk + Vh*dv]` with `beta, g [T, Vh]`,
+    /// state `[Vh, dk, dv]` → `o [T, Vh*dv]`. Includes the q/k l2norm and the dk^-0.5 scale.
+    GdnRecurrence {
+        key_heads: D,
+        value_heads: D,
+        key_dim: D,
+        value_dim: D,
+    },
+    /// Per-head RMS norm with a plain weight `[head_dim]`, times `act(gate)`; act from constants.
+    GatedRmsNorm {
+        head_dim: D,
+    },
+    /// `[T, heads*2*head_dim]` (per head: q then gate) → `q, gate [T, heads*head_dim]`.
+    SplitQGate {
+        heads: D,
+        head_dim: D,
+    },
+    /// NeoX rotate-half RoPE on the first `rotary_dim` channels of each head, at the step's positions.
+    Rope {
+        head_dim: D,
+        rotary_dim: D,
+    },
+    /// QSA indexer: normalised+roped queries `[T, heads*head_dim]` and raw keys `[T, head_dim]`,
+    /// weight `k_layernorm [head_dim]`; appends raw keys to its state, pools complete blocks of
+    /// `block` keys, scores them, keeps the top `budget/block` blocks plus the tail → selection.
+    IndexerSelect {
+        heads: D,
+        head_dim: D,
+        rotary_dim: D,
+        budget: D,
+        block: D,
+    },
+    /// GQA attention over the KV cache (appends `k, v` first) restricted to the selection.
+    Attention {
+        heads: D,
+        kv_heads: D,
+        head_dim: D,
+    },
+    /// Router: softmax over logits `[T, E]`, top-k (ties: lower expert id first), renormalised when
+    /// the constants say `norm_topk_prob` → ids (i64), weights.
+    MoeRouter {
+        top_k: D,
+    },
+    /// Routed experts: `x [T, H]`, ids/weights `[T, k]`, weights `gate_up [E, 2I, H]`,
+    /// `down [E, H, I]` → `Σ_j w_j · down_e (silu(G) * U)`.
+    MoeExperts {
+        experts: D,
+        intermediate: D,
+    },
+    /// PLE n-gram ids `[T, nH]` (i64) from the tokens and the cached last `ngram-1` ids;
+    /// hash tables come from the program constants (`ple_tables[table]`), eos too.
+    PleNgramIds {
+        ngram: D,
+        heads_per_ngram: D,
+        table: D,
+    },
+    /// PLE gate: `key, query [T, C*H]`, `value [T, H]` → `sigmoid(ssqrt(<k,q>_s / sqrt(H))) * value`.
+    PleGate {
+        streams: D,
+    },
+    /// The last row of the input (logits of the last position only).
+    LastRow,
+    /// Fused `silu(x·Wgᵀ) * (x·Wuᵀ)` (gate, up and SiLU of an expert).
+    SwigluLinear,
+    /// Fused hyper-connection read chain over the normalised streams `hn`:
+    /// `mean_s(sigmoid(silu(hn·Wdownᵀ / C)·Wupᵀ) * hn)`.
+    HcMix {
+        streams: D,
+    },
+    /// Fused injection gate: `2 * sigmoid(hn·Winjᵀ / C)`.
+    HcInject {
+        streams: D,
+    },
+}
+
+/// The element type of a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ValueType {
+    F32,
+    I64,
+    /// Per-row attention selection (QSA).
+    Selection,
+}
+
+impl<D> Op<D> {
+    /// The snake_case kind name used in rules, fusions and (later) kernel names.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Embed => "embed",
+            Op::RepeatStreams { .. } => "repeat_streams",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Linear => "linear",
+            Op::DivBy { .. } => "div_by",
+            Op::MulBy { .. } => "mul_by",
+            Op::Silu => "silu",
+            Op::Sigmoid => "sigmoid",
+            Op::Mul => "mul",
+            Op::Add => "add",
+            Op::Slice { .. } => "slice",
+            Op::StreamMean { .. } => "stream_mean",
+            Op::HcWrite { .. } => "hc_write",
+            Op::CausalConv { .. } => "causal_conv",
+            Op::GdnGates => "gdn_gates",
+            Op::GdnRecurrence { .. } => "gdn_recurrence",
+            Op::GatedRmsNorm { .. } => "gated_rms_norm",
+            Op::SplitQGate { .. } => "split_q_gate",
+            Op::Rope { .. } => "rope",
+            Op::IndexerSelect { .. } => "indexer_select",
+            Op::Attention { .. } => "attention",
+            Op::MoeRouter { .. } => "moe_router",
+            Op::MoeExperts { .. } => "moe_experts",
+            Op::PleNgramIds { .. } => "ple_ngram_ids",
+            Op::PleGate { .. } => "ple_gate",
+            Op::LastRow => "last_row",
+            Op::SwigluLinear => "swiglu_linear",
+            Op::HcMix { .. } => "hc_mix",
+            Op::HcInject { .. } => "hc_inject",
+        }
+    }
+
+    /// Number of outputs the op produces.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Maps every dimension through `f`, keeping the op and its flags.
+    pub fn map_dims<E, Err>(&self, mut f: impl FnMut(&D) -> Result<E, Err>) -> Result<Op<E>, Err> {
+        Ok(match self {
+            Op::Embed => Op::Embed,
+            Op::RepeatStreams { streams } => Op::RepeatStreams {
+                streams: f(streams)?,
+            },
+            Op::RmsNorm { group, unit_offset } => Op::RmsNorm {
+                group: f(group)?,
+                unit_offset: *unit_offset,
+            },
+            Op::Linear => Op::Linear,
+            Op::DivBy { by } => Op::DivBy { by: f(by)? },
+            Op::MulBy { by } => Op::MulBy { by: f(by)? },
+            Op::Silu => Op::Silu,
+            Op::Sigmoid => Op::Sigmoid,
+            Op::Mul => Op::Mul,
+            Op::Add => Op::Add,
+            Op::Slice { start, len } => Op::Slice {
+                start: f(start)?,
+                len: f(len)?,
+            },
+            Op::StreamMean { streams } => Op::StreamMean {
+                streams: f(streams)?,
+            },
+            Op::HcWrite { streams } => Op::HcWrite {
+                streams: f(streams)?,
+            },
+            Op::CausalConv {
+                kernel,
+                dilation,
+                silu,
+            } => Op::CausalConv {
+                kernel: f(kernel)?,
+                dilation: f(dilation)?,
+                silu: *silu,
+            },
+            Op::GdnGates => Op::GdnGates,
+            Op::GdnRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            } => Op::GdnRecurrence {
+                key_heads: f(key_heads)?,
+                value_heads: f(value_heads)?,
+                key_dim: f(key_dim)?,
+                value_dim: f(value_dim)?,
+            },
+            Op::GatedRmsNorm { head_dim } => Op::GatedRmsNorm {
+                head_dim: f(head_dim)?,
+            },
+            Op::SplitQGate { heads, head_dim } => Op::SplitQGate {
+                heads: f(heads)?,
+                head_dim: f(head_dim)?,
+            },
+            Op::Rope {
+                head_dim,
+                rotary_dim,
+            } => Op::Rope {
+                head_dim: f(head_dim)?,
+                rotary_dim: f(rotary_dim)?,
+            },
+            Op::IndexerSelect {
+                heads,
+                head_dim,
+                rotary_dim,
+                budget,
+                block,
+            } => Op::IndexerSelect {
+                heads: f(heads)?,
+                head_dim: f(head_dim)?,
+                rotary_dim: f(rotary_dim)?,
+                budget: f(budget)?,
+                block: f(block)?,
+            },
+            Op::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+            } => Op::Attention {
+                heads: f(heads)?,
+                kv_heads: f(kv_heads)?,
+                head_dim: f(head_dim)?,
+            },
+            Op::MoeRouter { top_k } => Op::MoeRouter { top_k: f(top_k)? },
+            Op::MoeExperts {
+                experts,
+                intermediate,
+            } => Op::MoeExperts {
+                experts: f(experts)?,
+                intermediate: f(intermediate)?,
+            },
+            Op::PleNgramIds {
+                ngram,
+                heads_per_ngram,
+                table,
+            } => Op::PleNgramIds {
+                ngram: f(ngram)?,
+                heads_per_ngram: f(heads_per_ngram)?,
+                table: f(table)?,
+            },
+            Op::PleGate { streams } => Op::PleGate {
+                streams: f(streams)?,
+            },
+            Op::LastRow => Op::LastRow,
+            Op::SwigluLinear => Op::SwigluLinear,
+            Op::HcMix { streams } => Op::HcMix {
+                streams: f(streams)?,
+            },
+            Op::HcInject { streams } => Op::HcInject {
+                streams: f(streams)?,
+            },
+        })
+    }
+}

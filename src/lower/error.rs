@@ -1,0 +1,35 @@
+use thiserror::Error;
+
+/// What can go wrong between the graph files and a lowered program. Every message names the
+/// file (and line/column for syntax errors), the block, node, fusion or rule at fault.
+#[derive(Debug, Error)]
+pub enum LowerError {
+    #[error("{file}:{line}:{col}: {msg}")]
+    Ron {
+        file: String,
+        line: usize,
+        col: usize,
+        msg: String,
+    },
+    #[error("{file}: {msg}")]
+    Io { file: String, msg: String },
+    #[error("{file}: {msg}")]
+    Graph { file: String, msg: String },
+    #[error("fusion `{fusion}`: {msg}")]
+    Fusion { fusion: String, msg: String },
+    #[error("rule `{rule}`: {msg}")]
+    Rule { rule: String, msg: String },
+    #[error("--rule {arg}: {msg}")]
+    Override { arg: String, msg: String },
+    #[error("lowered program is invalid at node `{node}`: {msg}")]
+    Invalid { node: String, msg: String },
+}
+
+impl LowerError {
+    pub(crate) fn graph(file: &str, msg: impl Into<String>) -> Self {
+        LowerError::Graph {
+            file: file.to_string(),
+            msg: msg.into(),
+        }
+    }
+}

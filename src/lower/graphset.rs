@@ -1,0 +1,272 @@
+//! Loads the graph files: block templates, the model composition, fusions and rules.
+//!
+//! The files in the repository's `graphs/` are embedded at build time, so the binary works from
+//! anywhere; `GraphSet::load_dir` reads an edited copy instead (`--graphs DIR`), which is how a
+//! user tries a fusion or a rule without rebuilding.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+
+use super::error::LowerError;
+use super::template::{Block, Fusion, ModelDecl, Rule};
+
+/// Every graph file, as loaded and checked.
+#[derive(Debug, Clone)]
+pub struct GraphSet {
+    pub model: ModelDecl,
+    pub blocks: BTreeMap<String, Block>,
+    pub fusions: Vec<Fusion>,
+    pub rules: Vec<Rule>,
+}
+
+const MODEL_DIR: &str = "qwen4exp";
+
+/// The repository's graph files, embedded: (path relative to `graphs/`, text).
+const EMBEDDED: &[(&str, &str)] = &[
+    (
+        "qwen4exp/model.ron",
+        include_str!("../../graphs/qwen4exp/model.ron"),
+    ),
+    (
+        "qwen4exp/embed.ron",
+        include_str!("../../graphs/qwen4exp/embed.ron"),
+    ),
+    (
+        "qwen4exp/ple.ron",
+        include_str!("../../graphs/qwen4exp/ple.ron"),
+    ),
+    (
+        "qwen4exp/hc_read.ron",
+        include_str!("../../graphs/qwen4exp/hc_read.ron"),
+    ),
+    (
+        "qwen4exp/hc_write.ron",
+        include_str!("../../graphs/qwen4exp/hc_write.ron"),
+    ),
+    (
+        "qwen4exp/gdn.ron",
+        include_str!("../../graphs/qwen4exp/gdn.ron"),
+    ),
+    (
+        "qwen4exp/qsa.ron",
+        include_str!("../../graphs/qwen4exp/qsa.ron"),
+    ),
+    (
+        "qwen4exp/moe.ron",
+        include_str!("../../graphs/qwen4exp/moe.ron"),
+    ),
+    (
+        "qwen4exp/exit_mixer.ron",
+        include_str!("../../graphs/qwen4exp/exit_mixer.ron"),
+    ),
+    (
+        "qwen4exp/last_row.ron",
+        include_str!("../../graphs/qwen4exp/last_row.ron"),
+    ),
+    (
+        "qwen4exp/lm_head.ron",
+        include_str!("../../graphs/qwen4exp/lm_head.ron"),
+    ),
+    ("fusions.ron", include_str!("../../graphs/fusions.ron")),
+    ("rules.ron", include_str!("../../graphs/rules.ron")),
+];
+
+impl GraphSet {
+    /// The graph files built into the binary.
+    pub fn embedded() -> Result<GraphSet, LowerError> {
+        let files: Vec<(String, String)> = EMBEDDED
+            .iter()
+            .map(|(p, t)| (format!("graphs/{p}"), t.to_string()))
+            .collect();
+        Self::from_files(&files)
+    }
+
+    /// Reads `dir/qwen4exp/*.ron`, `dir/fusions.ron` and `dir/rules.ron`.
+    pub fn load_dir(dir: &Path) -> Result<GraphSet, LowerError> {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| LowerError::Io {
+                file: p.display().to_string(),
+                msg: e.to_string(),
+            })
+        };
+        let mut files = Vec::new();
+        let model_dir = dir.join(MODEL_DIR);
+        let entries = std::fs::read_dir(&model_dir).map_err(|e| LowerError::Io {
+            file: model_dir.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+        {
+            files.push((p.display().to_string(), read(&p)?));
+        }
+        for name in ["fusions.ron", "rules.ron"] {
+            let p = dir.join(name);
+            files.push((p.display().to_string(), read(&p)?));
+        }
+        Self::from_files(&files)
+    }
+
+    /// Parses a set of (path, text) files; block names are the file stems under `qwen4exp/`.
+    fn from_files(files: &[(String, String)]) -> Result<GraphSet, LowerError> {
+        let mut model = None;
+        let mut blocks = BTreeMap::new();
+        let mut fusions = None;
+        let mut rules = None;
+        for (path, text) in files {
+            let stem = Path::new(path)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default();
+            let in_model_dir = Path::new(path)
+                .parent()
+                .and_then(|p| p.file_name())
+                .is_some_and(|n| n == MODEL_DIR);
+            match (in_model_dir, stem) {
+                (true, "model") => model = Some(parse::<ModelDecl>(path, text)?),
+                (true, _) => {
+                    blocks.insert(stem.to_string(), parse::<Block>(path, text)?);
+                }
+                (false, "fusions") => fusions = Some(parse::<Vec<Fusion>>(path, text)?),
+                (false, "rules") => rules = Some(parse::<Vec<Rule>>(path, text)?),
+                _ => {}
+            }
+        }
+        let set = GraphSet {
+            model: model
+                .ok_or_else(|| LowerError::graph("graphs/qwen4exp/model.ron", "file is missing"))?,
+            blocks,
+            fusions: fusions.unwrap_or_default(),
+            rules: rules.unwrap_or_default(),
+        };
+        set.check_references()?;
+        Ok(set)
+    }
+
+    /// Blocks named by the model exist; their nodes only use declared names.
+    fn check_references(&self) -> Result<(), LowerError> {
+        let instances = self
+            .model
+            .prologue
+            .iter()
+            .chain(&self.model.layer)
+            .chain(&self.model.epilogue);
+        for inst in instances {
+            let block = self.blocks.get(&inst.block).ok_or_else(|| {
+                LowerError::graph(
+                    "graphs/qwen4exp/model.ron",
+                    format!(
+                        "instance `{}` names block `{}`, which has no file",
+                        inst.name, inst.block
+                    ),
+                )
+            })?;
+            let file = format!("graphs/{MODEL_DIR}/{}.ron", inst.block);
+            for input in &block.inputs {
+                if !inst.bind.contains_key(input) {
+                    return Err(LowerError::graph(
+                        "graphs/qwen4exp/model.ron",
+                        format!(
+                            "instance `{}` does not bind block input `{input}`",
+                            inst.name
+                        ),
+                    ));
+                }
+            }
+            for out in inst.results.keys() {
+                if !block.outputs.contains(out) {
+                    return Err(LowerError::graph(
+                        "graphs/qwen4exp/model.ron",
+                        format!(
+                            "instance `{}` takes result `{out}`, which {file} does not output",
+                            inst.name
+                        ),
+                    ));
+                }
+            }
+            block_check(block, &file)?;
+        }
+        Ok(())
+    }
+}
+
+fn block_check(block: &Block, file: &str) -> Result<(), LowerError> {
+    let mut defined: Vec<&str> = block.inputs.iter().map(|s| s.as_str()).collect();
+    for node in &block.nodes {
+        for arg in &node.args {
+            if !defined.contains(&arg.as_str()) {
+                return Err(LowerError::graph(
+                    file,
+                    format!(
+                        "node `{}` reads `{arg}` before it is defined",
+                        node.out.join(",")
+                    ),
+                ));
+            }
+        }
+        for w in &node.weights {
+            if !block.weights.iter().any(|d| &d.name == w) {
+                return Err(LowerError::graph(
+                    file,
+                    format!("node `{}` uses undeclared weight `{w}`", node.out.join(",")),
+                ));
+            }
+        }
+        for s in &node.states {
+            if !block.states.iter().any(|d| d.name() == s) {
+                return Err(LowerError::graph(
+                    file,
+                    format!("node `{}` uses undeclared state `{s}`", node.out.join(",")),
+                ));
+            }
+        }
+        if node.out.len() != node.op.num_outputs() {
+            return Err(LowerError::graph(
+                file,
+                format!(
+                    "node `{}`: op {} has {} output(s), the node names {}",
+                    node.out.join(","),
+                    node.op.kind(),
+                    node.op.num_outputs(),
+                    node.out.len()
+                ),
+            ));
+        }
+        for o in &node.out {
+            if defined.contains(&o.as_str()) {
+                return Err(LowerError::graph(
+                    file,
+                    format!("value `{o}` is defined twice"),
+                ));
+            }
+            defined.push(o);
+        }
+    }
+    for out in &block.outputs {
+        if !defined.contains(&out.as_str()) {
+            return Err(LowerError::graph(
+                file,
+                format!("output `{out}` is never defined"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// RON text → T, with file, line and column on failure.
+pub fn parse<T: DeserializeOwned>(file: &str, text: &str) -> Result<T, LowerError> {
+    let opts =
+        ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+    opts.from_str(text)
+        .map_err(|e: ron::error::SpannedError| LowerError::Ron {
+            file: file.to_string(),
+            line: e.span.start.line,
+            col: e.span.start.col,
+            msg: e.code.to_string(),
+        })
+}

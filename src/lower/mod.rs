@@ -1,0 +1,110 @@
+//! Lowering: plan + graph files + phase → a scheduled, validated [`Program`].
+//!
+//! ```text
+//! instantiate (templates, plan dims) → fuse (fusions.ron) → schedule (rules.ron) → memplan → validate
+//! ```
+//! Lowering needs no weights, so the real config lowers anywhere (`graphrun lower --config`).
+
+pub mod error;
+pub mod graphset;
+pub mod instantiate;
+pub mod template;
+
+use std::collections::BTreeMap;
+
+pub use error::LowerError;
+pub use graphset::GraphSet;
+
+use crate::ir::{LogitsMode, Phase, Program};
+use crate::passes::{self, schedule::RuleOverride};
+use crate::plan::ModelPlan;
+
+/// What to lower for.
+#[derive(Debug, Clone)]
+pub struct LowerOptions {
+    pub phase: Phase,
+    /// Tokens per step (1 for decode).
+    pub tokens: usize,
+    pub logits: LogitsMode,
+    pub overrides: Vec<RuleOverride>,
+    /// Fusions to apply: `None` = all of `fusions.ron`, `Some(list)` = only those named.
+    pub fusions: Option<Vec<String>>,
+    /// The checkpoint's float dtype, when known (rules may test it).
+    pub weight_dtype: Option<String>,
+}
+
+impl LowerOptions {
+    pub fn new(phase: Phase, tokens: usize, logits: LogitsMode) -> Self {
+        LowerOptions {
+            phase,
+            tokens,
+            logits,
+            overrides: Vec::new(),
+            fusions: None,
+            weight_dtype: None,
+        }
+    }
+}
+
+/// The lowered program and what the passes report about it.
+#[derive(Debug, Clone)]
+pub struct Lowered {
+    pub program: Program,
+    /// How often each fusion fired.
+    pub fusion_counts: BTreeMap<String, usize>,
+}
+
+pub fn lower(
+    plan: &ModelPlan,
+    graphs: &GraphSet,
+    opts: &LowerOptions,
+) -> Result<Lowered, LowerError> {
+    if opts.tokens == 0 {
+        return Err(LowerError::Override {
+            arg: "--tokens 0".into(),
+            msg: "a step needs at least one token".into(),
+        });
+    }
+    if opts.phase == Phase::Decode && opts.tokens != 1 {
+        return Err(LowerError::Override {
+            arg: format!("--tokens {}", opts.tokens),
+            msg: "decode steps have exactly one token".into(),
+        });
+    }
+    let rules = passes::schedule::check_rules(&graphs.rules, &opts.overrides)?;
+    let mut program = instantiate::instantiate(plan, graphs, opts)?;
+    let fusions: Vec<_> = match &opts.fusions {
+        None => graphs.fusions.clone(),
+        Some(names) => {
+            for n in names {
+                if !graphs.fusions.iter().any(|f| &f.name == n) {
+                    return Err(LowerError::Fusion {
+                        fusion: n.clone(),
+                        msg: "no such fusion in fusions.ron".into(),
+                    });
+                }
+            }
+            graphs
+                .fusions
+                .iter()
+                .filter(|f| names.contains(&f.name))
+                .cloned()
+                .collect()
+        }
+    };
+    let dims = plan.dims();
+    let fusion_counts = passes::fuse::run(&mut program, &fusions, &dims)?;
+    let facts = passes::schedule::Facts {
+        phase: opts.phase,
+        tokens: opts.tokens,
+        dims: &dims,
+        weight_dtype: opts.weight_dtype.as_deref(),
+    };
+    passes::schedule::run(&mut program, &rules, &facts)?;
+    passes::memplan::run(&mut program);
+    passes::validate::run(&program)?;
+    Ok(Lowered {
+        program,
+        fusion_counts,
+    })
+}

@@ -1,0 +1,114 @@
+//! Gated DeltaNet: gates and the delta-rule recurrence (HF `torch_recurrent_gated_delta_rule`).
+
+use rayon::prelude::*;
+
+use super::sigmoid;
+
+/// torch's softplus (beta 1, threshold 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `beta = sigmoid(b)`, `g = -exp(A_log) * softplus(a + dt_bias)` (a log-decay ≤ 0).
+pub fn gates(b: &[f32], a: &[f32], a_log: &[f32], dt_bias: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let heads = a_log.len();
+    let beta = b.iter().map(|&v| sigmoid(v)).collect();
+    let g = a
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let h = i % heads;
+            -a_log[h].exp() * softplus(v + dt_bias[h])
+        })
+        .collect();
+    (beta, g)
+}
+
+/// `x * rsqrt(Σx² + 1e-6)`.
+fn l2norm(x: &[f32]) -> Vec<f32> {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter().map(|v| v * inv).collect()
+}
+
+pub struct GdnShape {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+}
+
+/// The recurrence over `tokens` rows of `qkv` (channels `[q | k | v]`, heads contiguous), with
+/// `state [Vh, dk, dv]` updated in place. Value head `v` reads key head `v / (Vh/Kh)`.
+///
+/// Per value head and token: `S *= exp(g)`; `u = (v - Sᵀk) * beta`; `S += k ⊗ u`; `o = Sᵀq`,
+/// with `q = l2norm(q) / sqrt(dk)`, `k = l2norm(k)`.
+pub fn recurrence(
+    qkv: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &mut [f32],
+    tokens: usize,
+    s: &GdnShape,
+) -> Vec<f32> {
+    let (dk, dv, vh) = (s.key_dim, s.value_dim, s.value_heads);
+    let key_dim = s.key_heads * dk;
+    let width = 2 * key_dim + vh * dv;
+    let group = vh / s.key_heads;
+    let scale = 1.0 / (dk as f32).sqrt();
+    let mut out = vec![0.0f32; tokens * vh * dv];
+    // One value head per task: heads are independent.
+    let per_head: Vec<Vec<f32>> = state
+        .par_chunks_mut(dk * dv)
+        .enumerate()
+        .map(|(h, st)| {
+            let kh = h / group;
+            let mut o_head = vec![0.0f32; tokens * dv];
+            for t in 0..tokens {
+                let row = &qkv[t * width..(t + 1) * width];
+                let q: Vec<f32> = l2norm(&row[kh * dk..(kh + 1) * dk])
+                    .iter()
+                    .map(|x| x * scale)
+                    .collect();
+                let k = l2norm(&row[key_dim + kh * dk..key_dim + (kh + 1) * dk]);
+                let v = &row[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
+                let decay = g[t * vh + h].exp();
+                let b = beta[t * vh + h];
+                for x in st.iter_mut() {
+                    *x *= decay;
+                }
+                let mut u = vec![0.0f32; dv];
+                for j in 0..dv {
+                    let mut kv = 0.0f32;
+                    for i in 0..dk {
+                        kv += st[i * dv + j] * k[i];
+                    }
+                    u[j] = (v[j] - kv) * b;
+                }
+                for i in 0..dk {
+                    for j in 0..dv {
+                        st[i * dv + j] += k[i] * u[j];
+                    }
+                }
+                for j in 0..dv {
+                    let mut acc = 0.0f32;
+                    for i in 0..dk {
+                        acc += st[i * dv + j] * q[i];
+                    }
+                    o_head[t * dv + j] = acc;
+                }
+            }
+            o_head
+        })
+        .collect();
+    for (h, o_head) in per_head.iter().enumerate() {
+        for t in 0..tokens {
+            out[t * vh * dv + h * dv..t * vh * dv + (h + 1) * dv]
+                .copy_from_slice(&o_head[t * dv..(t + 1) * dv]);
+        }
+    }
+    out
+}

@@ -1,0 +1,43 @@
+//! Fused hyper-connection ops (the unfused chains are in `graphs/qwen4exp/hc_read.ron`).
+
+use super::{dot, sigmoid, silu};
+
+/// `mean_s(sigmoid(silu(hn·Wdownᵀ / C)·Wupᵀ) * hn)` for each row of `hn [T, C*H]`.
+pub fn hc_mix(hn: &[f32], down: &[f32], up: &[f32], tokens: usize, streams: usize) -> Vec<f32> {
+    let width = hn.len() / tokens;
+    let rank = down.len() / width;
+    let hid = width / streams;
+    let mut out = vec![0.0f32; tokens * hid];
+    for t in 0..tokens {
+        let row = &hn[t * width..(t + 1) * width];
+        let act: Vec<f32> = (0..rank)
+            .map(|r| silu(dot(row, &down[r * width..(r + 1) * width]) / streams as f32))
+            .collect();
+        let mut sums = vec![0.0f32; hid];
+        for s in 0..streams {
+            for c in 0..hid {
+                let ch = s * hid + c;
+                let gate = sigmoid(dot(&act, &up[ch * rank..(ch + 1) * rank]));
+                sums[c] += gate * row[ch];
+            }
+        }
+        for c in 0..hid {
+            out[t * hid + c] = sums[c] / streams as f32;
+        }
+    }
+    out
+}
+
+/// `2 * sigmoid(hn·Winjᵀ / C)`, one gain per stream.
+pub fn hc_inject(hn: &[f32], w: &[f32], tokens: usize, streams: usize) -> Vec<f32> {
+    let width = hn.len() / tokens;
+    let mut out = vec![0.0f32; tokens * streams];
+    for t in 0..tokens {
+        let row = &hn[t * width..(t + 1) * width];
+        for s in 0..streams {
+            out[t * streams + s] =
+                2.0 * sigmoid(dot(row, &w[s * width..(s + 1) * width]) / streams as f32);
+        }
+    }
+    out
+}

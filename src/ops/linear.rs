@@ -1,0 +1,93 @@
+//! `y = x · Wᵀ` (no bias), `W [n, k]` row-major. Both variants use the same dot product per
+//! output, so they agree bit for bit; they differ only in how work is split across cores.
+
+use rayon::prelude::*;
+
+use super::{dot, silu};
+
+/// Below this many multiply-adds a step stays on one core (thread hand-off costs more).
+const PARALLEL_WORK: usize = 1 << 16;
+
+/// Reference: one token after another, output rows spread across cores.
+pub fn rows(x: &[f32], w: &[f32], tokens: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; tokens * n];
+    for t in 0..tokens {
+        let xt = &x[t * k..(t + 1) * k];
+        let yt = &mut y[t * n..(t + 1) * n];
+        if n * k >= PARALLEL_WORK {
+            yt.par_chunks_mut(64).enumerate().for_each(|(c, out)| {
+                for (j, o) in out.iter_mut().enumerate() {
+                    let r = c * 64 + j;
+                    *o = dot(xt, &w[r * k..(r + 1) * k]);
+                }
+            });
+        } else {
+            for (r, o) in yt.iter_mut().enumerate() {
+                *o = dot(xt, &w[r * k..(r + 1) * k]);
+            }
+        }
+    }
+    y
+}
+
+/// Several tokens: blocks of output rows across cores, each weight row used for every token
+/// while it is in cache.
+pub fn tiled(x: &[f32], w: &[f32], tokens: usize, k: usize, n: usize) -> Vec<f32> {
+    const ROWS: usize = 16;
+    let mut yt = vec![0.0f32; n * tokens]; // [n, tokens], transposed back at the end
+    let work = |(c, out): (usize, &mut [f32])| {
+        for j in 0..out.len() / tokens {
+            let r = c * ROWS + j;
+            let wr = &w[r * k..(r + 1) * k];
+            for t in 0..tokens {
+                out[j * tokens + t] = dot(&x[t * k..(t + 1) * k], wr);
+            }
+        }
+    };
+    if n * k * tokens >= PARALLEL_WORK {
+        yt.par_chunks_mut(ROWS * tokens).enumerate().for_each(work);
+    } else {
+        yt.chunks_mut(ROWS * tokens).enumerate().for_each(work);
+    }
+    let mut y = vec![0.0f32; tokens * n];
+    for r in 0..n {
+        for t in 0..tokens {
+            y[t * n + r] = yt[r * tokens + t];
+        }
+    }
+    y
+}
+
+pub fn by_variant(
+    variant: &str,
+    x: &[f32],
+    w: &[f32],
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    match variant {
+        "tiled" => tiled(x, w, tokens, k, n),
+        _ => rows(x, w, tokens, k, n),
+    }
+}
+
+/// Fused expert gate/up: `silu(x·Wgᵀ) * (x·Wuᵀ)`, both dot products of an output row taken in
+/// one visit of the token's row.
+pub fn swiglu(x: &[f32], wg: &[f32], wu: &[f32], tokens: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; tokens * n];
+    let work = |(t, yt): (usize, &mut [f32])| {
+        let xt = &x[t * k..(t + 1) * k];
+        for (r, o) in yt.iter_mut().enumerate() {
+            let g = dot(xt, &wg[r * k..(r + 1) * k]);
+            let u = dot(xt, &wu[r * k..(r + 1) * k]);
+            *o = silu(g) * u;
+        }
+    };
+    if 2 * n * k * tokens >= PARALLEL_WORK && tokens > 1 {
+        y.par_chunks_mut(n).enumerate().for_each(work);
+    } else {
+        y.chunks_mut(n).enumerate().for_each(work);
+    }
+    y
+}

@@ -1,0 +1,314 @@
+//! Shape rules: for each op, the output types and widths from its inputs and weight shapes.
+//! Lowering uses them to size every value; `validate` re-checks a finished program with them, so a
+//! fusion or a hand-edited template that breaks a shape is caught before anything runs.
+
+use crate::ir::{Op, ValueType};
+
+type Io = (ValueType, usize);
+
+fn expect_inputs(inputs: &[Io], n: usize) -> Result<(), String> {
+    if inputs.len() != n {
+        return Err(format!("expects {n} input(s), got {}", inputs.len()));
+    }
+    Ok(())
+}
+
+fn expect_weights(weights: &[Vec<usize>], n: usize) -> Result<(), String> {
+    if weights.len() != n {
+        return Err(format!("expects {n} weight(s), got {}", weights.len()));
+    }
+    Ok(())
+}
+
+fn f32_input(io: Io, what: &str) -> Result<usize, String> {
+    match io.0 {
+        ValueType::F32 => Ok(io.1),
+        t => Err(format!("{what} must be f32, is {t:?}")),
+    }
+}
+
+fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg())
+    }
+}
+
+/// Output (type, width) per output of `op`.
+pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Vec<Io>, String> {
+    use ValueType::*;
+    let f = |w: usize| Ok(vec![(F32, w)]);
+    match op {
+        Op::Embed => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            check(inputs[0].0 == I64, || "ids must be i64".into())?;
+            check(weights[0].len() == 2, || "table must be 2-D".into())?;
+            f(inputs[0].1 * weights[0][1])
+        }
+        Op::RepeatStreams { streams } => {
+            expect_inputs(inputs, 1)?;
+            f(f32_input(inputs[0], "input")? * streams)
+        }
+        Op::RmsNorm { group, .. } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(*group > 0 && w % group == 0, || {
+                format!("width {w} is not a multiple of group {group}")
+            })?;
+            let wl: usize = weights[0].iter().product();
+            check(wl == w || wl == *group, || {
+                format!("weight has {wl} elements, expected {w} or {group}")
+            })?;
+            f(w)
+        }
+        Op::Linear => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(weights[0].len() == 2 && weights[0][1] == w, || {
+                format!(
+                    "weight {:?} does not take an input of width {w}",
+                    weights[0]
+                )
+            })?;
+            f(weights[0][0])
+        }
+        Op::DivBy { by } | Op::MulBy { by } => {
+            expect_inputs(inputs, 1)?;
+            check(*by > 0, || "scalar must be positive".into())?;
+            f(f32_input(inputs[0], "input")?)
+        }
+        Op::Silu | Op::Sigmoid | Op::LastRow => {
+            expect_inputs(inputs, 1)?;
+            f(f32_input(inputs[0], "input")?)
+        }
+        Op::Mul => {
+            expect_inputs(inputs, 2)?;
+            let a = f32_input(inputs[0], "first input")?;
+            let b = f32_input(inputs[1], "second input")?;
+            check(a == b || b == 1, || {
+                format!("widths {a} and {b} do not broadcast")
+            })?;
+            f(a)
+        }
+        Op::Add => {
+            expect_inputs(inputs, 2)?;
+            let a = f32_input(inputs[0], "first input")?;
+            let b = f32_input(inputs[1], "second input")?;
+            check(a == b, || format!("widths {a} and {b} differ"))?;
+            f(a)
+        }
+        Op::Slice { start, len } => {
+            expect_inputs(inputs, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(start + len <= w, || {
+                format!("slice [{start}, {}) exceeds width {w}", start + len)
+            })?;
+            f(*len)
+        }
+        Op::StreamMean { streams } => {
+            expect_inputs(inputs, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(w % streams == 0, || {
+                format!("width {w} is not {streams} streams")
+            })?;
+            f(w / streams)
+        }
+        Op::HcWrite { streams } => {
+            expect_inputs(inputs, 3)?;
+            let h = f32_input(inputs[0], "h")?;
+            let inj = f32_input(inputs[1], "inj")?;
+            let y = f32_input(inputs[2], "y")?;
+            check(inj == *streams && h == streams * y, || {
+                format!("h {h}, inj {inj}, y {y} do not fit {streams} streams")
+            })?;
+            f(h)
+        }
+        Op::CausalConv { kernel, .. } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(weights[0] == vec![w, 1, *kernel], || {
+                format!("conv weight {:?} != [{w}, 1, {kernel}]", weights[0])
+            })?;
+            f(w)
+        }
+        Op::GdnGates => {
+            expect_inputs(inputs, 2)?;
+            expect_weights(weights, 2)?;
+            let b = f32_input(inputs[0], "b")?;
+            let a = f32_input(inputs[1], "a")?;
+            check(
+                a == b && weights.iter().all(|w| w.iter().product::<usize>() == a),
+                || "b, a, A_log and dt_bias must share the value-head count".into(),
+            )?;
+            Ok(vec![(F32, a), (F32, a)])
+        }
+        Op::GdnRecurrence {
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        } => {
+            expect_inputs(inputs, 3)?;
+            let w = f32_input(inputs[0], "qkv")?;
+            let need = 2 * key_heads * key_dim + value_heads * value_dim;
+            check(w == need, || format!("qkv width {w} != {need}"))?;
+            check(*key_heads > 0 && value_heads % key_heads == 0, || {
+                "value heads must be a multiple of key heads".into()
+            })?;
+            check(
+                inputs[1].1 == *value_heads && inputs[2].1 == *value_heads,
+                || "beta/g width must be value_heads".into(),
+            )?;
+            f(value_heads * value_dim)
+        }
+        Op::GatedRmsNorm { head_dim } => {
+            expect_inputs(inputs, 2)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(inputs[1].1 == w && w % head_dim == 0, || {
+                "gate width must equal input width".into()
+            })?;
+            check(weights[0].iter().product::<usize>() == *head_dim, || {
+                "weight must be [head_dim]".into()
+            })?;
+            f(w)
+        }
+        Op::SplitQGate { heads, head_dim } => {
+            expect_inputs(inputs, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(w == 2 * heads * head_dim, || {
+                format!("width {w} != 2*{heads}*{head_dim}")
+            })?;
+            Ok(vec![(F32, heads * head_dim), (F32, heads * head_dim)])
+        }
+        Op::Rope {
+            head_dim,
+            rotary_dim,
+        } => {
+            expect_inputs(inputs, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(
+                w % head_dim == 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
+                || format!("width {w}, head_dim {head_dim}, rotary_dim {rotary_dim} do not fit"),
+            )?;
+            f(w)
+        }
+        Op::IndexerSelect {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            expect_inputs(inputs, 2)?;
+            expect_weights(weights, 1)?;
+            check(
+                inputs[0].1 == heads * head_dim && inputs[1].1 == *head_dim,
+                || "query/key widths".into(),
+            )?;
+            check(
+                *block > 0 && budget % block == 0 && rotary_dim <= head_dim,
+                || "budget/block".into(),
+            )?;
+            Ok(vec![(Selection, 0)])
+        }
+        Op::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+        } => {
+            expect_inputs(inputs, 4)?;
+            check(inputs[0].1 == heads * head_dim, || "q width".into())?;
+            check(
+                inputs[1].1 == kv_heads * head_dim && inputs[2].1 == kv_heads * head_dim,
+                || "k/v width".into(),
+            )?;
+            check(*kv_heads > 0 && heads % kv_heads == 0, || {
+                "heads must be a multiple of kv heads".into()
+            })?;
+            check(inputs[3].0 == Selection, || {
+                "fourth input must be a selection".into()
+            })?;
+            f(heads * head_dim)
+        }
+        Op::MoeRouter { top_k } => {
+            expect_inputs(inputs, 1)?;
+            let e = f32_input(inputs[0], "logits")?;
+            check(*top_k > 0 && *top_k <= e, || {
+                format!("top_k {top_k} not in [1, {e}]")
+            })?;
+            Ok(vec![(I64, *top_k), (F32, *top_k)])
+        }
+        Op::MoeExperts {
+            experts,
+            intermediate,
+        } => {
+            expect_inputs(inputs, 3)?;
+            expect_weights(weights, 2)?;
+            let h = f32_input(inputs[0], "x")?;
+            check(inputs[1].0 == I64 && inputs[1].1 == inputs[2].1, || {
+                "ids/weights".into()
+            })?;
+            check(weights[0] == vec![*experts, 2 * intermediate, h], || {
+                format!("gate_up {:?}", weights[0])
+            })?;
+            check(weights[1] == vec![*experts, h, *intermediate], || {
+                format!("down {:?}", weights[1])
+            })?;
+            f(h)
+        }
+        Op::PleNgramIds {
+            ngram,
+            heads_per_ngram,
+            ..
+        } => {
+            expect_inputs(inputs, 1)?;
+            check(inputs[0].0 == I64, || "tokens must be i64".into())?;
+            check(*ngram >= 2, || "ngram must be >= 2".into())?;
+            Ok(vec![(I64, (ngram - 1) * heads_per_ngram)])
+        }
+        Op::PleGate { streams } => {
+            expect_inputs(inputs, 3)?;
+            let k = f32_input(inputs[0], "key")?;
+            let q = f32_input(inputs[1], "query")?;
+            let v = f32_input(inputs[2], "value")?;
+            check(k == q && k == streams * v, || {
+                format!("key {k}, query {q}, value {v}")
+            })?;
+            f(k)
+        }
+        Op::SwigluLinear => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 2)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(
+                weights[0] == weights[1] && weights[0].len() == 2 && weights[0][1] == w,
+                || "gate/up".into(),
+            )?;
+            f(weights[0][0])
+        }
+        Op::HcMix { streams } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 2)?;
+            let w = f32_input(inputs[0], "hn")?;
+            let r = weights[0][0];
+            check(
+                weights[0] == vec![r, w] && weights[1] == vec![w, r] && w % streams == 0,
+                || "down/up".into(),
+            )?;
+            f(w / streams)
+        }
+        Op::HcInject { streams } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "hn")?;
+            check(weights[0] == vec![*streams, w], || "inject weight".into())?;
+            f(*streams)
+        }
+    }
+}

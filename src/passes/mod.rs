@@ -1,0 +1,12 @@
+//! The passes that turn an instantiated graph into a runnable program, one job per file, run in
+//! this order by `lower::lower`:
+//!
+//! 1. [`fuse`]: replace the patterns of `graphs/fusions.ron` by fused ops;
+//! 2. [`schedule`]: choose a kernel variant for every node from `graphs/rules.ron`;
+//! 3. [`memplan`]: mark the last use of every value, so executors free buffers early;
+//! 4. [`validate`]: check the program's invariants (order, definitions, shapes, variants).
+
+pub mod fuse;
+pub mod memplan;
+pub mod schedule;
+pub mod validate;

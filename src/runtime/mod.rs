@@ -1,0 +1,9 @@
+//! The runtime: a loaded [`Model`], per-sequence [`Session`]s, sampling and generation.
+
+pub mod model;
+pub mod sampling;
+pub mod session;
+
+pub use model::{Model, ModelOptions};
+pub use sampling::{Sampler, Sampling};
+pub use session::{GenerateOptions, Logits, Session};

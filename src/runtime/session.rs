@@ -1,0 +1,125 @@
+//! A session: one sequence's state (KV caches, indexer keys, GDN conv and recurrent states, PLE
+//! conv window and token history) and the steps that advance it. Prefilling in chunks and then
+//! decoding gives the same logits as one prefill of everything: every step reads and writes only
+//! this state. A refused call (bad token, over-long context) leaves it untouched.
+
+use crate::error::{Error, Result};
+use crate::exec::{cpu, SessionState};
+use crate::ir::{LogitsMode, Phase};
+
+use super::model::Model;
+use super::sampling::{Sampler, Sampling};
+
+/// Logits `[rows, vocab]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    pub rows: usize,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+    pub fn last(&self) -> &[f32] {
+        self.row(self.rows - 1)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Stop after emitting an eos token (it is included in the output).
+    pub stop_on_eos: bool,
+}
+
+pub struct Session<'m> {
+    model: &'m Model,
+    state: SessionState,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m Model) -> Self {
+        Session {
+            model,
+            state: SessionState::default(),
+        }
+    }
+
+    /// Tokens processed so far.
+    pub fn position(&self) -> usize {
+        self.state.position
+    }
+
+    pub fn state(&self) -> &SessionState {
+        &self.state
+    }
+
+    fn check_tokens(&self, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Err(Error::Input("no tokens given".into()));
+        }
+        let vocab = self.model.plan.vocab_size;
+        if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            return Err(Error::Input(format!(
+                "token id {id} at position {i} is out of range: the vocabulary has {vocab} tokens (0..{})",
+                vocab - 1
+            )));
+        }
+        let end = self.state.position + ids.len();
+        if end > self.model.plan.max_position_embeddings {
+            return Err(Error::Input(format!(
+                "context of {end} tokens exceeds max_position_embeddings = {}",
+                self.model.plan.max_position_embeddings
+            )));
+        }
+        Ok(())
+    }
+
+    /// Appends `ids` and returns their logits (all rows, or only the last).
+    pub fn prefill(&mut self, ids: &[u32], logits: LogitsMode) -> Result<Logits> {
+        self.check_tokens(ids)?;
+        let phase = if ids.len() == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        };
+        let program = self.model.program(phase, ids.len(), logits)?;
+        let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        // Everything a caller can get wrong was checked above; the state changes only from here.
+        let (data, rows) = cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?;
+        Ok(Logits {
+            rows,
+            vocab: self.model.plan.vocab_size,
+            data,
+        })
+    }
+
+    /// One token; its logits.
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>> {
+        Ok(self.prefill(&[id], LogitsMode::Last)?.data)
+    }
+
+    /// Prefills `prompt` and generates up to `max_new_tokens` tokens.
+    pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<u32>> {
+        let mut sampler = Sampler::new(opts.sampling.clone())?;
+        self.check_tokens(prompt)?;
+        let mut out = Vec::new();
+        if opts.max_new_tokens == 0 {
+            return Ok(out);
+        }
+        let logits = self.prefill(prompt, LogitsMode::Last)?;
+        let mut next = sampler.next(logits.last());
+        loop {
+            out.push(next);
+            let is_eos = self.model.plan.eos_token_ids.contains(&next);
+            if out.len() >= opts.max_new_tokens || (opts.stop_on_eos && is_eos) {
+                return Ok(out);
+            }
+            let logits = self.decode(next)?;
+            next = sampler.next(&logits);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Random checkpoints in the official layout, for tests and benchmarks: the tensor list comes
+//! from the lowered program (the same contract loading checks), values from a seeded stream.
+//!
+//! Layout: `model.language_model.` prefix for a composite config (`model.` for a flat one),
+//! fused experts, the n-gram table in `split_ngram_parts` row pieces (`shard_{k}`, sized as
+//! `torch.chunk` makes them), the int64 PLE buffers, files of at most `shard_bytes` with a
+//! `model.safetensors.index.json` when there is more than one.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::checkpoint::{self, DType, TensorData};
+use crate::error::{Error, Result};
+use crate::ir::{LogitsMode, Phase, WeightClass, WeightInfo};
+use crate::lower::{self, GraphSet, LowerOptions};
+use crate::plan::{ConfigKind, ModelPlan};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthDtype {
+    F32,
+    Bf16,
+}
+
+pub struct SynthOptions {
+    pub dtype: SynthDtype,
+    pub seed: u64,
+    /// Largest safetensors file to write (bytes of tensor data).
+    pub shard_bytes: usize,
+}
+
+/// Writes `config_text` (which must parse to `plan`) and random weights into `out`.
+pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOptions) -> Result<()> {
+    let io = |e: std::io::Error| Error::Io {
+        path: out.display().to_string(),
+        msg: e.to_string(),
+    };
+    std::fs::create_dir_all(out).map_err(io)?;
+    std::fs::write(out.join("config.json"), config_text).map_err(io)?;
+    let graphs = GraphSet::embedded()?;
+    let lowered = lower::lower(
+        plan,
+        &graphs,
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )?;
+    let program = lowered.program;
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    for w in &program.weights {
+        let name = checkpoint_name(plan, &w.name);
+        if w.class == WeightClass::I64 {
+            let values = buffer_values(&program.consts, &w.name).unwrap_or_default();
+            tensors.push((
+                name,
+                DType::I64,
+                w.shape.clone(),
+                checkpoint::i64_bytes(&values),
+            ));
+            continue;
+        }
+        let values = random_values(w, &mut rng);
+        let encode = |v: &[f32]| match opts.dtype {
+            SynthDtype::F32 => (DType::F32, checkpoint::f32_bytes(v)),
+            SynthDtype::Bf16 => (DType::BF16, checkpoint::f32_to_bf16_bytes(v)),
+        };
+        match (name.strip_suffix("ngram_embedding.weight"), &plan.ple) {
+            (Some(base), Some(ple)) => {
+                // torch.chunk: pieces of ceil(rows/parts) rows, the last one shorter.
+                let (rows, cols) = (w.shape[0], w.shape[1]);
+                let per = rows.div_ceil(ple.split_parts.max(1));
+                for (k, start) in (0..rows).step_by(per.max(1)).enumerate() {
+                    let end = (start + per).min(rows);
+                    let (dtype, bytes) = encode(&values[start * cols..end * cols]);
+                    tensors.push((
+                        format!("{base}ngram_embedding.shard_{k}.weight"),
+                        dtype,
+                        vec![end - start, cols],
+                        bytes,
+                    ));
+                }
+            }
+            _ => {
+                let (dtype, bytes) = encode(&values);
+                tensors.push((name, dtype, w.shape.clone(), bytes));
+            }
+        }
+    }
+    write_files(out, tensors, opts.shard_bytes)
+}
+
+/// The canonical (CausalLM) name as the config's layout stores it.
+fn checkpoint_name(plan: &ModelPlan, canonical: &str) -> String {
+    match (plan.config_kind, canonical.strip_prefix("model.")) {
+        (ConfigKind::Composite, Some(rest)) => format!("model.language_model.{rest}"),
+        _ => canonical.to_string(),
+    }
+}
+
+fn buffer_values(consts: &crate::ir::Consts, name: &str) -> Option<Vec<i64>> {
+    let layer: usize = name
+        .strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()?;
+    let t = consts.ple_tables.iter().find(|t| t.layer == layer)?;
+    Some(if name.ends_with("layer_multipliers") {
+        t.multipliers.clone()
+    } else if name.ends_with("vocab_sizes") {
+        t.head_sizes.clone()
+    } else {
+        t.head_offsets.clone()
+    })
+}
+
+/// Standard normal by Box–Muller (deterministic for a seed).
+fn normal(rng: &mut ChaCha8Rng) -> f32 {
+    let u1: f64 = rng.random::<f64>().max(1e-300);
+    let u2: f64 = rng.random::<f64>();
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+}
+
+/// Values that keep activations in a healthy range and exercise every path: matrices
+/// N(0, 1/fan_in), embeddings N(0, 1), (1+w) norms N(0, 0.1), plain norms 1+N(0, 0.1),
+/// A_log = ln U(1, 16), dt_bias 1+N(0, 0.1), convs N(0, 1/kernel).
+fn random_values(w: &WeightInfo, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    let n: usize = w.shape.iter().product();
+    let name = w.name.as_str();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let z = normal(rng);
+        let v = if name.ends_with("A_log") {
+            (1.0 + 15.0 * rng.random::<f32>()).ln()
+        } else if name.ends_with("dt_bias") || name.ends_with("linear_attn.norm.weight") {
+            1.0 + 0.1 * z
+        } else if w.shape.len() == 1 {
+            0.1 * z
+        } else if name.ends_with("conv1d.weight") {
+            z / (*w.shape.last().unwrap() as f32).sqrt()
+        } else if name.ends_with("embed_tokens.weight") || name.ends_with("ngram_embedding.weight")
+        {
+            z
+        } else {
+            z / (*w.shape.last().unwrap() as f32).sqrt()
+        };
+        out.push(v);
+    }
+    out
+}
+
+fn write_files(
+    out: &Path,
+    tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+    shard_bytes: usize,
+) -> Result<()> {
+    let mut files: Vec<Vec<(String, DType, Vec<usize>, Vec<u8>)>> = vec![Vec::new()];
+    let mut size = 0usize;
+    for t in tensors {
+        if size > 0 && size + t.3.len() > shard_bytes {
+            files.push(Vec::new());
+            size = 0;
+        }
+        size += t.3.len();
+        files.last_mut().unwrap().push(t);
+    }
+    let count = files.len();
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (i, file) in files.iter().enumerate() {
+        let fname = if count == 1 {
+            checkpoint::SINGLE_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, count)
+        };
+        let data: Vec<TensorData> = file
+            .iter()
+            .map(|(n, d, s, b)| TensorData {
+                name: n.clone(),
+                dtype: d.clone(),
+                shape: s.clone(),
+                bytes: Cow::Borrowed(b),
+            })
+            .collect();
+        for (n, _, _, b) in file {
+            weight_map.insert(n.clone(), fname.clone());
+            total += b.len() as u64;
+        }
+        checkpoint::write_safetensors(&out.join(&fname), &data, None)?;
+    }
+    if count > 1 {
+        checkpoint::write_index(&out.join(checkpoint::INDEX_FILE), &weight_map, total)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! Weights for the executors: the tensor contract a program implies, resolved against a
+//! checkpoint's layout, checked as a whole before any compute, then loaded as f32.
+//!
+//! Canonical names are the `Qwen4ExpForCausalLM` runtime names (`model.layers.3.mlp.gate.weight`,
+//! fused experts, one n-gram table). [`resolve`] maps each to what the checkpoint holds:
+//! the `model.language_model.` prefix, per-expert tensors, `shard_{k}` pieces of the table.
+
+pub mod contract;
+pub mod resolve;
+
+use std::collections::HashMap;
+
+pub use contract::{check_contract, ContractError, Problem};
+
+/// One weight, widened to f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// All weights of a model by canonical name.
+#[derive(Debug, Default)]
+pub struct Weights {
+    map: HashMap<String, WeightTensor>,
+}
+
+impl Weights {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn get(&self, name: &str) -> Option<&WeightTensor> {
+        self.map.get(name)
+    }
+    pub fn insert(&mut self, name: impl Into<String>, t: WeightTensor) {
+        self.map.insert(name.into(), t);
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.map.keys().map(|k| k.as_str())
+    }
+}
