@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::ir::{LogitsMode, Phase, WeightClass, WeightInfo};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::plan::{ConfigKind, ModelPlan};
+use crate::weights::{WeightTensor, Weights};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthDtype {
@@ -89,6 +90,33 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
         }
     }
     write_files(out, tensors, opts.shard_bytes)
+}
+
+/// Random weights for `plan`, in memory (the values `write` would store as f32).
+pub fn random_weights(plan: &ModelPlan, seed: u64) -> Result<Weights> {
+    let graphs = GraphSet::embedded()?;
+    let lowered = lower::lower(
+        plan,
+        &graphs,
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut weights = Weights::new();
+    for w in lowered
+        .program
+        .weights
+        .iter()
+        .filter(|w| w.class == WeightClass::Float)
+    {
+        weights.insert(
+            w.name.clone(),
+            WeightTensor {
+                shape: w.shape.clone(),
+                data: random_values(w, &mut rng),
+            },
+        );
+    }
+    Ok(weights)
 }
 
 /// The canonical (CausalLM) name as the config's layout stores it.

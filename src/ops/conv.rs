@@ -37,3 +37,54 @@ pub fn causal_conv(
     window.copy_from_slice(&ext[(total - past) * width..]);
     y
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// y[t] = Σ_j w[j] x[t-(K-1-j)d], zero history; and the window carries across calls.
+    #[test]
+    fn dilated_conv_matches_definition_and_chunks() {
+        let (width, kernel, dilation, tokens) = (2, 3, 2, 9);
+        let x: Vec<f32> = (0..tokens * width)
+            .map(|i| (i as f32 * 0.7).sin())
+            .collect();
+        let w: Vec<f32> = (0..width * kernel).map(|i| 0.3 + i as f32 * 0.1).collect();
+        let past = (kernel - 1) * dilation;
+        let mut window = vec![0.0; past * width];
+        let whole = causal_conv(&x, &mut window, &w, tokens, kernel, dilation, false);
+        for t in 0..tokens {
+            for c in 0..width {
+                let mut want = 0.0f32;
+                for j in 0..kernel {
+                    let back = (kernel - 1 - j) * dilation;
+                    if t >= back {
+                        want += w[c * kernel + j] * x[(t - back) * width + c];
+                    }
+                }
+                assert!((whole[t * width + c] - want).abs() < 1e-6);
+            }
+        }
+        let mut window = vec![0.0; past * width];
+        let mut parts = causal_conv(&x[..4 * width], &mut window, &w, 4, kernel, dilation, false);
+        parts.extend(causal_conv(
+            &x[4 * width..5 * width],
+            &mut window,
+            &w,
+            1,
+            kernel,
+            dilation,
+            false,
+        ));
+        parts.extend(causal_conv(
+            &x[5 * width..],
+            &mut window,
+            &w,
+            4,
+            kernel,
+            dilation,
+            false,
+        ));
+        assert_eq!(parts, whole);
+    }
+}

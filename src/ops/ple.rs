@@ -76,3 +76,101 @@ pub fn gate(key: &[f32], query: &[f32], value: &[f32], tokens: usize, streams: u
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY_MULT: [i64; 3] = [73077407744147129, 4156873792259893, 23288516139688959];
+    const TINY_SIZES: [i64; 4] = [31, 37, 41, 43];
+    const TINY_OFFSETS: [i64; 4] = [0, 31, 68, 109];
+
+    fn tiny(tokens: &[i64], history: &mut [i64]) -> Vec<i64> {
+        ngram_ids(
+            tokens,
+            history,
+            2,
+            3,
+            2,
+            &TINY_MULT,
+            &TINY_SIZES,
+            &TINY_OFFSETS,
+        )
+    }
+
+    /// The spec's test vector (tiny config, eos 2), computed by transformers.
+    #[test]
+    fn tiny_reference_ids() {
+        let mut history = vec![2, 2];
+        let ids = tiny(&[5, 6, 2, 7, 8, 9], &mut history);
+        let want = [
+            [23, 58, 92, 134],
+            [9, 38, 105, 121],
+            [8, 49, 94, 120],
+            [24, 64, 101, 118],
+            [26, 58, 107, 135],
+            [21, 64, 102, 140],
+        ];
+        assert_eq!(ids, want.concat());
+        assert_eq!(history, vec![8, 9]);
+    }
+
+    /// The spec's test vector for the real config's first PLE layer (eos 248044).
+    #[test]
+    fn real_reference_ids() {
+        let mult = [23703573157769, 20109073645365, 8052911324071];
+        let sizes: Vec<i64> = vec![
+            20000003, 20000023, 20000033, 20000047, 20000059, 20000063, 20000069, 20000077,
+            20000081, 20000093, 20000107, 20000147, 20000153, 20000159, 20000161, 20000171,
+        ];
+        let offsets: Vec<i64> = sizes
+            .iter()
+            .scan(0, |acc, s| {
+                let o = *acc;
+                *acc += s;
+                Some(o)
+            })
+            .collect();
+        let mut history = vec![248044, 248044];
+        let ids = ngram_ids(
+            &[9707, 11, 1879, 248044, 151, 33],
+            &mut history,
+            248044,
+            3,
+            8,
+            &mult,
+            &sizes,
+            &offsets,
+        );
+        assert_eq!(
+            &ids[..16],
+            &[
+                16410909, 39682429, 55103279, 60931720, 87006904, 116506179, 131512017, 152932897,
+                169641436, 182022480, 209277433, 237891023, 256841529, 277007269, 290665954,
+                300984276
+            ]
+        );
+        assert_eq!(
+            &ids[5 * 16..],
+            &[
+                16288464, 28226466, 54197200, 66558106, 85726393, 112116249, 131701318, 144482004,
+                160025094, 193880860, 208528123, 224008510, 244707387, 265765406, 286197995,
+                308958866
+            ]
+        );
+    }
+
+    /// Feeding the tokens one chunk at a time gives the same ids as all at once.
+    #[test]
+    fn history_carries_across_chunks() {
+        let tokens = [5, 6, 2, 7, 8, 9, 2, 2, 11, 3];
+        let mut h = vec![2, 2];
+        let whole = tiny(&tokens, &mut h);
+        for split in 1..tokens.len() {
+            let mut h = vec![2, 2];
+            let mut ids = tiny(&tokens[..split], &mut h);
+            ids.extend(tiny(&tokens[split..], &mut h));
+            assert_eq!(ids, whole, "split at {split}");
+        }
+    }
+}

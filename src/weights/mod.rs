@@ -20,7 +20,7 @@ pub struct WeightTensor {
 }
 
 /// All weights of a model by canonical name.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Weights {
     map: HashMap<String, WeightTensor>,
 }

@@ -1,0 +1,245 @@
+//! The `graphrun` commands end to end, and `synth` checkpoints loading back.
+
+mod common;
+
+use std::process::Command;
+
+use graphrun::checkpoint::Checkpoint;
+use graphrun::ir::LogitsMode;
+use graphrun::plan::ModelPlan;
+use graphrun::runtime::{Model, ModelOptions};
+use graphrun::synth::{self, SynthDtype, SynthOptions};
+
+fn graphrun(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(args)
+        .current_dir(common::repo())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !stderr.contains("panicked"),
+        "graphrun {args:?} panicked:\n{stderr}"
+    );
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr,
+    )
+}
+
+#[test]
+fn run_prints_ids_as_the_last_line() {
+    let exp = common::expected(&common::repo().join("models/tiny-qwen4exp"));
+    let ids: Vec<String> = exp.prompt.iter().map(|t| t.to_string()).collect();
+    let (ok, stdout, stderr) = graphrun(&[
+        "run",
+        "--model",
+        "models/tiny-qwen4exp",
+        "--prompt-ids",
+        &ids.join(","),
+        "--max-new-tokens",
+        "8",
+        "--greedy",
+        "--ignore-eos",
+    ]);
+    assert!(ok, "{stderr}");
+    let last = stdout.lines().last().unwrap();
+    let want: Vec<String> = exp.greedy.iter().map(|t| t.to_string()).collect();
+    assert_eq!(last, want.join(","));
+}
+
+#[test]
+fn run_with_text_prompt_prints_text_then_ids() {
+    let (ok, stdout, stderr) = graphrun(&[
+        "run",
+        "--model",
+        "models/tiny-qwen4exp",
+        "--prompt",
+        "the cat sat on the mat .",
+        "--max-new-tokens",
+        "5",
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    let ids: Vec<u32> = lines[1].split(',').map(|s| s.parse().unwrap()).collect();
+    assert!(!ids.is_empty() && ids.len() <= 5);
+    assert!(!lines[0].is_empty());
+}
+
+#[test]
+fn sampling_is_reproducible_and_seeded() {
+    let args = |seed: &str| {
+        graphrun(&[
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            "5,6,7,8",
+            "--max-new-tokens",
+            "12",
+            "--ignore-eos",
+            "--temperature",
+            "1.3",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+        ])
+    };
+    let (a, b, c) = (args("1"), args("1"), args("2"));
+    assert!(a.0 && c.0, "{}", a.2);
+    assert_eq!(a.1, b.1);
+    assert_ne!(a.1, c.1, "different seeds gave the same 12 tokens");
+}
+
+#[test]
+fn logits_command_writes_every_position() {
+    let dir = common::temp_dir("logits");
+    let out = dir.join("logits.safetensors");
+    let (ok, _, stderr) = graphrun(&[
+        "logits",
+        "--model",
+        "tests/fixtures/tiny-flat-f32",
+        "--prompt-ids",
+        "5,6,2,7",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let ck = Checkpoint::open_files(&[out]).unwrap();
+    let info = ck.info("logits").unwrap();
+    assert_eq!(info.shape, vec![4, 128]);
+    let model = Model::load(
+        &common::repo().join("tests/fixtures/tiny-flat-f32"),
+        ModelOptions::default(),
+    )
+    .unwrap();
+    let want = model
+        .session()
+        .prefill(&[5, 6, 2, 7], LogitsMode::All)
+        .unwrap();
+    assert_eq!(ck.to_f32("logits").unwrap(), want.data);
+}
+
+#[test]
+fn lower_the_real_config_without_weights() {
+    for phase in ["prefill", "decode"] {
+        let (ok, stdout, stderr) = graphrun(&[
+            "lower",
+            "--config",
+            "tests/data/configs/qwen3.8-flash-next.json",
+            "--phase",
+            phase,
+        ]);
+        assert!(ok, "{stderr}");
+        assert!(stdout.starts_with("Program("));
+        assert!(stderr.contains("fusion swiglu: 48 match(es)"), "{stderr}");
+    }
+    let (ok, stdout, _) = graphrun(&[
+        "lower",
+        "--model",
+        "models/tiny-qwen4exp",
+        "--tokens",
+        "8",
+        "--rule",
+        "linear.prefill_tiled=rows",
+        "--no-fusions",
+    ]);
+    assert!(ok);
+    assert!(!stdout.contains("variant: \"tiled\""));
+    assert!(!stdout.contains("fused:"));
+}
+
+#[test]
+fn inspect_reports_plan_and_contract() {
+    let (ok, stdout, stderr) =
+        graphrun(&["inspect", "--model", "tests/fixtures/tiny-composite-bf16"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("contract holds"), "{stdout}");
+    assert!(stdout.contains("stored as bf16"), "{stdout}");
+    assert!(
+        stdout.contains("mtp.fc_hidden.weight") && stdout.contains("model.visual."),
+        "{stdout}"
+    );
+}
+
+/// synth writes the official layout (composite prefix, fused experts, shard_{k} table pieces,
+/// several files with an index); loading it gives the same logits as the same random weights
+/// in memory.
+#[test]
+fn synth_checkpoints_load_back() {
+    for config in [
+        "models/tiny-qwen4exp/config.json",
+        "tests/fixtures/tiny-composite-bf16/config.json",
+    ] {
+        let text = std::fs::read_to_string(common::repo().join(config)).unwrap();
+        let plan = ModelPlan::from_json_str(&text, config).unwrap();
+        let dir = common::temp_dir("synth");
+        synth::write(
+            &plan,
+            &text,
+            &dir,
+            &SynthOptions {
+                dtype: SynthDtype::F32,
+                seed: 4,
+                shard_bytes: 64 << 10,
+            },
+        )
+        .unwrap();
+        assert!(
+            dir.join("model.safetensors.index.json").exists(),
+            "{config}: expected several files"
+        );
+        let ck = Checkpoint::open_dir(&dir).unwrap();
+        assert!(ck
+            .names()
+            .any(|n| n.contains("ngram_embedding.shard_0.weight")));
+        let loaded = Model::load(&dir, ModelOptions::default()).unwrap();
+        let memory = Model::from_parts(
+            plan.clone(),
+            graphrun::lower::GraphSet::embedded().unwrap(),
+            synth::random_weights(&plan, 4).unwrap(),
+            ModelOptions::default(),
+        );
+        let prompt = [3, 9, 4, 1, 7, 7, 2];
+        let a = loaded.session().prefill(&prompt, LogitsMode::All).unwrap();
+        let b = memory.session().prefill(&prompt, LogitsMode::All).unwrap();
+        assert_eq!(a, b, "{config}");
+        assert!(a.data.iter().all(|v| v.is_finite()));
+    }
+}
+
+#[test]
+fn synth_cli_bf16() {
+    let dir = common::temp_dir("synthcli");
+    let (ok, _, stderr) = graphrun(&[
+        "synth",
+        "--config",
+        "models/tiny-qwen4exp/config.json",
+        "--out",
+        dir.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+        "--seed",
+        "3",
+    ]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = graphrun(&["inspect", "--model", dir.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("stored as bf16"), "{stdout}");
+    let (ok, stdout, _) = graphrun(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "4",
+    ]);
+    assert!(ok);
+    assert!(!stdout.trim().is_empty());
+}

@@ -1,0 +1,104 @@
+//! Every fusion of `graphs/fusions.ron` against the unfused program, on random weights and random
+//! tokens: each fused node's output equals the value the unfused chain computes (same name), and
+//! the logits agree. A fusion that never fires fails the test (it would check nothing).
+
+mod common;
+
+use graphrun::exec::{cpu, SessionState};
+use graphrun::ir::{LogitsMode, Phase, Program};
+use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::plan::ModelPlan;
+use graphrun::synth;
+use graphrun::weights::Weights;
+use rand::{Rng, SeedableRng};
+
+const TOLERANCE: f32 = 1e-5;
+
+fn program(
+    plan: &ModelPlan,
+    phase: Phase,
+    tokens: usize,
+    fusions: Vec<String>,
+) -> (Program, usize) {
+    let mut opts = LowerOptions::new(phase, tokens, LogitsMode::All);
+    opts.fusions = Some(fusions.clone());
+    let lowered = lower(plan, &GraphSet::embedded().unwrap(), &opts).unwrap();
+    let fired = fusions.iter().map(|f| lowered.fusion_counts[f]).sum();
+    (lowered.program, fired)
+}
+
+fn values(
+    p: &Program,
+    w: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    keep: &[&str],
+) -> Vec<(String, Vec<f32>)> {
+    let mut got = cpu::run_values(p, w, state, tokens, keep).unwrap();
+    keep.iter()
+        .map(|k| match got.remove(*k).unwrap() {
+            cpu::Val::F32 { data, .. } => (k.to_string(), data),
+            other => panic!("{k}: unexpected {other:?}"),
+        })
+        .collect()
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+#[test]
+fn each_fusion_matches_the_unfused_graph() {
+    let graphs = GraphSet::embedded().unwrap();
+    assert!(!graphs.fusions.is_empty());
+    let configs = [
+        "models/tiny-qwen4exp/config.json",
+        "tests/fixtures/tiny-composite-bf16/config.json",
+    ];
+    for config in configs {
+        let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
+        let weights = synth::random_weights(&plan, 11).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let prompt: Vec<i64> = (0..12)
+            .map(|_| rng.random_range(0..plan.vocab_size as i64))
+            .collect();
+        let next: i64 = rng.random_range(0..plan.vocab_size as i64);
+        for fusion in &graphs.fusions {
+            let name = fusion.name.clone();
+            let (plain_pre, _) = program(&plan, Phase::Prefill, prompt.len(), vec![]);
+            let (fused_pre, fired) =
+                program(&plan, Phase::Prefill, prompt.len(), vec![name.clone()]);
+            assert!(fired > 0, "{config}: fusion `{name}` never fires");
+            let (plain_dec, _) = program(&plan, Phase::Decode, 1, vec![]);
+            let (fused_dec, _) = program(&plan, Phase::Decode, 1, vec![name.clone()]);
+            // The outputs of the fused nodes, plus the logits.
+            let mut keep: Vec<String> = fused_pre
+                .nodes
+                .iter()
+                .filter(|n| n.fused.as_deref() == Some(name.as_str()))
+                .flat_map(|n| n.outputs.clone())
+                .collect();
+            keep.push(fused_pre.output.clone());
+            let keep: Vec<&str> = keep.iter().map(|s| s.as_str()).collect();
+            let (mut s_plain, mut s_fused) = (SessionState::default(), SessionState::default());
+            for (p_plain, p_fused, toks) in [
+                (&plain_pre, &fused_pre, prompt.as_slice()),
+                (&plain_dec, &fused_dec, std::slice::from_ref(&next)),
+            ] {
+                let a = values(p_plain, &weights, &mut s_plain, toks, &keep);
+                let b = values(p_fused, &weights, &mut s_fused, toks, &keep);
+                for ((value, x), (_, y)) in b.iter().zip(&a) {
+                    let err = rel_err(x, y);
+                    assert!(
+                        err <= TOLERANCE,
+                        "{config}: fusion `{name}`: `{value}` differs by {err:e}"
+                    );
+                }
+            }
+        }
+    }
+}

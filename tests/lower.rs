@@ -1,0 +1,108 @@
+//! Snapshots of lowered programs (in `snapshots/`): the demo model and the real
+//! Qwen3.8-Flash-Next config, prefill and decode. A change to a template, fusion, rule or pass
+//! shows up here as a reviewable diff (`cargo insta review`).
+
+mod common;
+
+use graphrun::ir::{LogitsMode, Phase};
+use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::plan::ModelPlan;
+
+fn snapshot(config: &str, name: &str, phase: Phase, tokens: usize, logits: LogitsMode) {
+    let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
+    let lowered = lower(
+        &plan,
+        &GraphSet::embedded().unwrap(),
+        &LowerOptions::new(phase, tokens, logits),
+    )
+    .unwrap();
+    // Lowering is deterministic: twice gives the same text.
+    let again = lower(
+        &plan,
+        &GraphSet::embedded().unwrap(),
+        &LowerOptions::new(phase, tokens, logits),
+    )
+    .unwrap();
+    let text = lowered.program.to_ron();
+    assert_eq!(text, again.program.to_ron());
+    // The text form reads back into the same program.
+    assert_eq!(
+        graphrun::ir::Program::from_ron(&text).unwrap(),
+        lowered.program
+    );
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(common::repo().join("snapshots"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+#[test]
+fn tiny_prefill() {
+    snapshot(
+        "models/tiny-qwen4exp/config.json",
+        "tiny_prefill_t8",
+        Phase::Prefill,
+        8,
+        LogitsMode::All,
+    );
+}
+
+#[test]
+fn tiny_decode() {
+    snapshot(
+        "models/tiny-qwen4exp/config.json",
+        "tiny_decode",
+        Phase::Decode,
+        1,
+        LogitsMode::Last,
+    );
+}
+
+#[test]
+fn real_prefill() {
+    snapshot(
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "qwen3.8_flash_next_prefill_t64",
+        Phase::Prefill,
+        64,
+        LogitsMode::Last,
+    );
+}
+
+#[test]
+fn real_decode() {
+    snapshot(
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "qwen3.8_flash_next_decode",
+        Phase::Decode,
+        1,
+        LogitsMode::Last,
+    );
+}
+
+/// Every op of the real decode program is fused or scheduled as the data files say.
+#[test]
+fn real_decode_uses_fusions_and_rules() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let lowered = lower(
+        &plan,
+        &GraphSet::embedded().unwrap(),
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )
+    .unwrap();
+    assert_eq!(lowered.fusion_counts["swiglu"], 48);
+    assert_eq!(lowered.fusion_counts["hc_inject"], 96);
+    assert_eq!(lowered.fusion_counts["hc_mix"], 97); // 96 layer reads + the exit mixer
+    let linears: Vec<_> = lowered
+        .program
+        .nodes
+        .iter()
+        .filter(|n| n.op.kind() == "linear")
+        .collect();
+    assert!(!linears.is_empty());
+    assert!(linears
+        .iter()
+        .all(|n| n.rule == "linear.decode_rows" && n.variant == "rows"));
+}

@@ -1,0 +1,179 @@
+//! Every CPU kernel variant against its op's reference variant on fresh random inputs, directly
+//! and through whole programs (every rule of `graphs/rules.ron` forced to every variant of its op).
+
+mod common;
+
+use graphrun::exec::{cpu, SessionState};
+use graphrun::ir::{LogitsMode, Phase};
+use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::ops::{self, linear, moe};
+use graphrun::passes::schedule::RuleOverride;
+use graphrun::plan::ModelPlan;
+use graphrun::synth;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const TOLERANCE: f32 = 1e-6;
+
+fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// The op kinds with more than one variant, each with a direct check. Adding a variant to
+/// `ops::variants` without adding its check here fails `all_multi_variant_ops_are_covered`.
+const COVERED: &[&str] = &["linear", "moe_experts"];
+
+#[test]
+fn all_multi_variant_ops_are_covered() {
+    let kinds = [
+        "embed",
+        "repeat_streams",
+        "rms_norm",
+        "linear",
+        "div_by",
+        "mul_by",
+        "silu",
+        "sigmoid",
+        "mul",
+        "add",
+        "slice",
+        "stream_mean",
+        "hc_write",
+        "causal_conv",
+        "gdn_gates",
+        "gdn_recurrence",
+        "gated_rms_norm",
+        "split_q_gate",
+        "rope",
+        "indexer_select",
+        "attention",
+        "moe_router",
+        "moe_experts",
+        "ple_ngram_ids",
+        "ple_gate",
+        "last_row",
+        "swiglu_linear",
+        "hc_mix",
+        "hc_inject",
+    ];
+    for k in kinds {
+        assert!(!ops::variants(k).is_empty(), "{k} has no variant");
+        if ops::variants(k).len() > 1 {
+            assert!(
+                COVERED.contains(&k),
+                "variants of {k} have no direct check in tests/variants.rs"
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_variants_match_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for &(t, k, n) in &[(1, 37, 53), (5, 64, 129), (9, 300, 17), (4, 1024, 300)] {
+        let x = random(&mut rng, t * k);
+        let w = random(&mut rng, n * k);
+        let reference = linear::rows(&x, &w, t, k, n);
+        // The reference itself against a plain triple loop in f64.
+        for tt in 0..t {
+            for r in 0..n {
+                let exact: f64 = (0..k)
+                    .map(|i| x[tt * k + i] as f64 * w[r * k + i] as f64)
+                    .sum();
+                assert!((reference[tt * n + r] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()));
+            }
+        }
+        for variant in ops::variants("linear") {
+            let got = linear::by_variant(variant, &x, &w, t, k, n);
+            assert!(
+                max_rel(&got, &reference) <= TOLERANCE,
+                "linear/{variant} at {t}x{k}x{n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn moe_variants_match_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    for &(t, e, k, h, i) in &[(1, 8, 2, 16, 8), (7, 16, 3, 32, 12), (33, 6, 6, 24, 5)] {
+        let x = random(&mut rng, t * h);
+        let logits = random(&mut rng, t * e);
+        let (ids, w) = moe::route(&logits, e, k, true);
+        let gate_up = random(&mut rng, e * 2 * i * h);
+        let down = random(&mut rng, e * h * i);
+        let bank = moe::ExpertBank {
+            gate_up: &gate_up,
+            down: &down,
+            hidden: h,
+            intermediate: i,
+        };
+        let reference = moe::token_major(&x, &ids, &w, t, k, &bank);
+        for variant in ops::variants("moe_experts") {
+            let got = match *variant {
+                "expert_major" => moe::expert_major(&x, &ids, &w, t, k, &bank),
+                _ => moe::token_major(&x, &ids, &w, t, k, &bank),
+            };
+            assert!(
+                max_rel(&got, &reference) <= TOLERANCE,
+                "moe_experts/{variant}"
+            );
+        }
+    }
+}
+
+/// Each rule forced to each variant of its op, against every rule off (reference variants), on a
+/// random model: prefill then one decode step.
+#[test]
+fn every_rule_and_variant_in_whole_programs() {
+    let graphs = GraphSet::embedded().unwrap();
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let weights = synth::random_weights(&plan, 3).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let prompt: Vec<i64> = (0..10)
+        .map(|_| rng.random_range(0..plan.vocab_size as i64))
+        .collect();
+    let run = |overrides: Vec<RuleOverride>| {
+        let mut state = SessionState::default();
+        let mut out = Vec::new();
+        for (phase, toks) in [(Phase::Prefill, &prompt[..]), (Phase::Decode, &prompt[..1])] {
+            let mut opts = LowerOptions::new(phase, toks.len(), LogitsMode::All);
+            opts.overrides = overrides.clone();
+            let p = lower(&plan, &graphs, &opts).unwrap().program;
+            out.extend(cpu::run(&p, &weights, &mut state, toks).unwrap().0);
+        }
+        out
+    };
+    let all_off: Vec<RuleOverride> = graphs
+        .rules
+        .iter()
+        .map(|r| RuleOverride {
+            rule: r.name.clone(),
+            variant: None,
+        })
+        .collect();
+    let reference = run(all_off);
+    for rule in &graphs.rules {
+        for variant in ops::variants(&rule.op) {
+            let got = run(vec![RuleOverride {
+                rule: rule.name.clone(),
+                variant: Some(variant.to_string()),
+            }]);
+            let err = max_rel(&got, &reference);
+            assert!(
+                err <= TOLERANCE,
+                "rule {} forced to {variant}: logits differ by {err:e}",
+                rule.name
+            );
+        }
+    }
+}
