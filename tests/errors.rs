@@ -278,6 +278,97 @@ fn missing_tensor_in_sharded_checkpoint_names_tensor_and_shard() {
     );
 }
 
+#[test]
+fn missing_ngram_shard_is_reported() {
+    let dir = copy_model(&demo(), "missing-ngram-shard");
+    let gone = "model.layers.1.ple.ple_embedding.ngram_embedding.shard_1.weight";
+    rewrite_tensors(&dir.join("model.safetensors"), |t| {
+        remove_tensors(t, &[gone])
+    });
+    let want = ["model.layers.1.ple.ple_embedding.ngram_embedding", gone];
+    assert_contains(&load_err(&dir), &want);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &want,
+    );
+}
+
+/// With one per-expert tensor gone, the error names that tensor, not just the fused weight.
+#[test]
+fn missing_per_expert_tensor_is_named_exactly() {
+    let dir = copy_model(&demo(), "missing-expert-exact");
+    let gone = "model.layers.0.mlp.experts.2.up_proj.weight";
+    rewrite_tensors(&dir.join("model.safetensors"), |t| {
+        remove_tensors(t, &[gone])
+    });
+    assert_contains(&load_err(&dir), &[gone]);
+}
+
+/// With `shard_1` of 3 gone, the error names `shard_1` (the gap), rather than a row count.
+#[test]
+fn missing_ngram_shard_is_named_exactly() {
+    let dir = copy_model(&demo(), "missing-ngram-shard-exact");
+    let gone = "model.layers.1.ple.ple_embedding.ngram_embedding.shard_1.weight";
+    rewrite_tensors(&dir.join("model.safetensors"), |t| {
+        remove_tensors(t, &[gone])
+    });
+    assert_contains(&load_err(&dir), &[gone]);
+}
+
+fn composite_copy(tag: &str) -> PathBuf {
+    copy_model(
+        &common::repo().join("tests/fixtures/tiny-composite-bf16"),
+        tag,
+    )
+}
+
+#[test]
+fn index_naming_a_missing_shard_names_index_and_shard() {
+    let dir = composite_copy("index-missing-shard");
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    fs::remove_file(&shard).unwrap();
+    let want = [
+        "model.safetensors.index.json",
+        "model-00002-of-00002.safetensors",
+        "does not exist",
+    ];
+    assert_contains(&load_err(&dir), &want);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &want,
+    );
+}
+
+#[test]
+fn malformed_index_names_file_and_line() {
+    let dir = composite_copy("index-json");
+    let index = dir.join("model.safetensors.index.json");
+    let text = fs::read_to_string(&index).unwrap();
+    fs::write(&index, &text[..text.len() / 2]).unwrap();
+    let want = [s(&index), "malformed index".to_string(), "line".to_string()];
+    let want: Vec<&str> = want.iter().map(|x| x.as_str()).collect();
+    assert_contains(&load_err(&dir), &want);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &want,
+    );
+}
+
+#[test]
+fn truncated_shard_names_the_shard() {
+    let dir = composite_copy("shard-truncated");
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    let bytes = fs::read(&shard).unwrap();
+    fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    let want = [s(&shard), "truncated".to_string()];
+    let want: Vec<&str> = want.iter().map(|x| x.as_str()).collect();
+    assert_contains(&load_err(&dir), &want);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &want,
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Wrong shape
 // ---------------------------------------------------------------------------------------------
@@ -910,43 +1001,95 @@ fn missing_tokenizer_names_path() {
     );
 }
 
+#[test]
+fn corrupt_tokenizer_names_path() {
+    let dir = copy_model(&demo(), "bad-tokenizer");
+    let tok = dir.join("tokenizer.json");
+    fs::write(&tok, "{ not json").unwrap();
+    assert_fails(
+        &graphrun(&[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            "the cat",
+        ]),
+        &[&format!("tokenizer {}", tok.display())],
+    );
+}
+
+#[test]
+fn logits_into_missing_directory_names_path() {
+    let out = common::temp_dir("logits-out").join("no/such/dir/l.safetensors");
+    assert_fails(
+        &graphrun(&[
+            "logits",
+            "--model",
+            demo().to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+            "--out",
+            out.to_str().unwrap(),
+        ]),
+        &[&s(&out)],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 10. Malformed RON in graph files
 // ---------------------------------------------------------------------------------------------
 
-/// A copy of the repository's `graphs/` where `file` has `from` replaced (once) by `to`; returns
-/// the graphs dir, the edited file's path and the 1-based line of the edit.
-fn broken_graphs(tag: &str, file: &str, from: &str, to: &str) -> (PathBuf, PathBuf, usize) {
-    let dir = common::temp_dir(tag).join("graphs");
-    copy_tree(&common::repo().join("graphs"), &dir);
-    let path = dir.join(file);
+/// Where a RON mistake was made: the copied graphs dir, the edited file, and the 1-based line
+/// and column at which `from` started.
+struct Broken {
+    graphs: PathBuf,
+    path: PathBuf,
+    line: usize,
+    col: usize,
+}
+
+/// A copy of the repository's `graphs/` where `file` has its first `from` replaced by `to`.
+fn broken_graphs(tag: &str, file: &str, from: &str, to: &str) -> Broken {
+    let graphs = common::temp_dir(tag).join("graphs");
+    copy_tree(&common::repo().join("graphs"), &graphs);
+    let path = graphs.join(file);
     let text = fs::read_to_string(&path).unwrap();
     let at = text
         .find(from)
         .unwrap_or_else(|| panic!("{from:?} not in {file}"));
     let line = text[..at].matches('\n').count() + 1;
+    let col = at - text[..at].rfind('\n').map_or(0, |i| i + 1) + 1;
     fs::write(&path, text.replacen(from, to, 1)).unwrap();
-    (dir, path, line)
+    Broken {
+        graphs,
+        path,
+        line,
+        col,
+    }
 }
 
-/// `lower` and `Model::load` with `--graphs DIR` fail naming `path:line:col`.
-fn assert_ron_error(graphs: &Path, path: &Path, line: usize) {
-    let want = format!("{}:{line}:", path.display());
+fn lower_with_graphs(graphs: &Path) -> Output {
     let cfg = demo().join("config.json");
-    let out = graphrun_os(&[
+    graphrun_os(&[
         "--graphs".as_ref(),
         graphs.as_os_str(),
         "lower".as_ref(),
         "--config".as_ref(),
         cfg.as_os_str(),
-    ]);
-    let stderr = assert_fails(&out, &[&want]);
-    // A column follows the line.
+    ])
+}
+
+/// `lower`, `run` and `Model::load` with `--graphs DIR` fail naming `path:line:col`; the column
+/// is checked when `col` is given. Returns the CLI's stderr.
+fn assert_ron_error(graphs: &Path, path: &Path, line: usize, col: Option<usize>) -> String {
+    let want = format!("{}:{line}:", path.display());
+    let stderr = assert_fails(&lower_with_graphs(graphs), &[&want]);
     let rest = &stderr[stderr.find(&want).unwrap() + want.len()..];
-    assert!(
-        rest.chars().next().is_some_and(|c| c.is_ascii_digit()),
-        "no column after {want}: {stderr}"
-    );
+    let found_col: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    assert!(!found_col.is_empty(), "no column after {want}: {stderr}");
+    if let Some(col) = col {
+        assert_eq!(found_col, col.to_string(), "column in: {stderr}");
+    }
     let options = ModelOptions {
         graphs_dir: Some(graphs.to_path_buf()),
         ..Default::default()
@@ -962,112 +1105,125 @@ fn assert_ron_error(graphs: &Path, path: &Path, line: usize) {
         "1,2".as_ref(),
     ]);
     assert_fails(&out, &[&want]);
+    stderr
 }
 
 #[test]
 fn unmodified_graphs_copy_lowers() {
-    let dir = common::temp_dir("graphs-ok").join("graphs");
-    copy_tree(&common::repo().join("graphs"), &dir);
-    let cfg = demo().join("config.json");
-    let out = graphrun_os(&[
-        "--graphs".as_ref(),
-        dir.as_os_str(),
-        "lower".as_ref(),
-        "--config".as_ref(),
-        cfg.as_os_str(),
-    ]);
-    assert_ok(&out);
+    let graphs = common::temp_dir("graphs-ok").join("graphs");
+    copy_tree(&common::repo().join("graphs"), &graphs);
+    assert_ok(&lower_with_graphs(&graphs));
 }
 
 #[test]
-fn rules_ron_misspelled_field_names_file_and_line() {
-    let (graphs, path, line) = broken_graphs(
+fn rules_ron_misspelled_field_names_file_line_and_column() {
+    let b = broken_graphs(
         "ron-rules-field",
         "rules.ron",
         "priority: 10",
         "priorty: 10",
     );
-    assert_ron_error(&graphs, &path, line);
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line, Some(b.col));
+    assert_contains(&stderr, &["`priorty`", "`priority`"]);
 }
 
 #[test]
 fn rules_ron_missing_paren_names_file_and_line() {
-    // `when: (max_tokens: Some(1)),` → `when: (max_tokens: Some(1),`: the predicate swallows the
-    // next field, which the parser reports on the following line.
-    let (graphs, path, line) =
-        broken_graphs("ron-rules-paren", "rules.ron", "Some(1)),", "Some(1),");
-    assert_ron_error(&graphs, &path, line + 1);
+    // `when: (max_tokens: Some(1)),` → `when: (max_tokens: Some(1),`: the predicate goes on into
+    // the next line, where `variant` is the first token that cannot belong to it.
+    let b = broken_graphs("ron-rules-paren", "rules.ron", "Some(1)),", "Some(1),");
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line + 1, None);
+    assert_contains(&stderr, &["`variant`", "Predicate"]);
 }
 
 #[test]
-fn rules_ron_bad_string_names_file_and_line() {
-    // An unterminated string inside the third rule.
-    let (graphs, path, line) = broken_graphs(
+fn rules_ron_missing_quote_names_file_and_line() {
+    let b = broken_graphs(
         "ron-rules-string",
         "rules.ron",
         "op: \"moe_experts\",",
         "op: moe_experts\",",
     );
-    assert_ron_error(&graphs, &path, line);
+    assert_ron_error(&b.graphs, &b.path, b.line, None);
 }
 
 #[test]
 fn block_ron_missing_paren_names_file_and_line() {
-    let (graphs, path, line) = broken_graphs(
+    // The closing parenthesis of the first node: the parser notices at the next node's `(`.
+    let b = broken_graphs(
         "ron-moe-paren",
         "qwen4exp/moe.ron",
-        "MoeRouter(top_k: \"k\"), args",
-        "MoeRouter(top_k: \"k\", args",
+        "weights: [\"router\"]),",
+        "weights: [\"router\"],",
     );
-    assert_ron_error(&graphs, &path, line);
+    assert_ron_error(&b.graphs, &b.path, b.line + 1, None);
 }
 
 #[test]
-fn block_ron_misspelled_op_names_file_and_line() {
-    let (graphs, path, line) =
-        broken_graphs("ron-moe-op", "qwen4exp/moe.ron", "op: Silu,", "op: Siluu,");
-    assert_ron_error(&graphs, &path, line);
+fn block_ron_misspelled_op_names_file_line_and_column() {
+    let b = broken_graphs(
+        "ron-moe-op",
+        "qwen4exp/moe.ron",
+        "Silu, args",
+        "Siluu, args",
+    );
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line, Some(b.col));
+    assert_contains(&stderr, &["`Siluu`", "`Silu`"]);
 }
 
 #[test]
-fn block_ron_misspelled_field_names_file_and_line() {
-    let (graphs, path, line) = broken_graphs(
+fn block_ron_misspelled_field_names_file_line_and_column() {
+    let b = broken_graphs(
         "ron-moe-field",
         "qwen4exp/moe.ron",
-        "(out: [\"shared_g\"]",
-        "(uot: [\"shared_g\"]",
+        "out: [\"shared_g\"]",
+        "uot: [\"shared_g\"]",
     );
-    assert_ron_error(&graphs, &path, line);
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line, Some(b.col));
+    assert_contains(&stderr, &["`uot`"]);
+}
+
+#[test]
+fn block_ron_misspelled_op_parameter_names_file_and_line() {
+    let b = broken_graphs(
+        "ron-moe-param",
+        "qwen4exp/moe.ron",
+        "intermediate: \"I\")",
+        "intermediat: \"I\")",
+    );
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line, None);
+    assert_contains(&stderr, &["`intermediate`", "MoeExperts"]);
+}
+
+/// An unknown parameter inside an op (`MoeRouter(top_k: "k", topk: 3)`) is refused with its
+/// file, line and name, not silently dropped.
+#[test]
+fn block_ron_unknown_op_parameter_is_refused() {
+    let b = broken_graphs(
+        "ron-moe-extra",
+        "qwen4exp/moe.ron",
+        "MoeRouter(top_k: \"k\")",
+        "MoeRouter(top_k: \"k\", topk: 3)",
+    );
+    let stderr = assert_ron_error(&b.graphs, &b.path, b.line, None);
+    assert_contains(&stderr, &["`topk`"]);
 }
 
 #[test]
 fn missing_graphs_dir_names_path() {
-    let dir = common::temp_dir("graphs-missing").join("nope");
-    let cfg = demo().join("config.json");
-    let out = graphrun_os(&[
-        "--graphs".as_ref(),
-        dir.as_os_str(),
-        "lower".as_ref(),
-        "--config".as_ref(),
-        cfg.as_os_str(),
-    ]);
-    assert_fails(&out, &[&s(&dir)]);
+    let graphs = common::temp_dir("graphs-missing").join("nope");
+    assert_fails(&lower_with_graphs(&graphs), &[&s(&graphs)]);
 }
 
 #[test]
 fn missing_rules_file_names_path() {
-    let dir = common::temp_dir("graphs-norules").join("graphs");
-    copy_tree(&common::repo().join("graphs"), &dir);
-    fs::remove_file(dir.join("rules.ron")).unwrap();
-    let cfg = demo().join("config.json");
-    let out = graphrun_os(&[
-        "--graphs".as_ref(),
-        dir.as_os_str(),
-        "lower".as_ref(),
-        "--config".as_ref(),
-        cfg.as_os_str(),
-    ]);
-    assert_fails(&out, &[&s(&dir.join("rules.ron"))]);
+    let graphs = common::temp_dir("graphs-norules").join("graphs");
+    copy_tree(&common::repo().join("graphs"), &graphs);
+    fs::remove_file(graphs.join("rules.ron")).unwrap();
+    assert_fails(
+        &lower_with_graphs(&graphs),
+        &[&s(&graphs.join("rules.ron"))],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1252,7 +1408,21 @@ fn bad_lower_options_are_refused() {
         &graphrun(&["lower", "--config", cfg, "--phase", "sideways"]),
         &["sideways"],
     );
-    assert_fails(&graphrun(&["lower", "--config", cfg, "--tokens", "0"]), &[]);
+    assert_fails(
+        &graphrun(&["lower", "--config", cfg, "--tokens", "0"]),
+        &["--tokens 0", "at least one token"],
+    );
+}
+
+/// `--tokens` problems are reported as such, not as a rule override.
+#[test]
+fn tokens_zero_error_does_not_mention_rule() {
+    let cfg = demo().join("config.json");
+    let stderr = assert_fails(
+        &graphrun(&["lower", "--config", cfg.to_str().unwrap(), "--tokens", "0"]),
+        &["--tokens 0"],
+    );
+    assert!(!stderr.contains("--rule"), "{stderr}");
 }
 
 #[test]

@@ -29,6 +29,7 @@ impl std::fmt::Display for Sym {
 
 /// One operation. `D` is `Sym` in templates and `usize` in lowered programs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum Op<D> {
     /// Gather rows of a table `[rows, d]` for each id of an i64 input `[T, n]` → `[T, n*d]`.
     /// Token embedding (n = 1) and the PLE n-gram lookup (n = heads) alike.

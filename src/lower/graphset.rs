@@ -23,55 +23,8 @@ pub struct GraphSet {
 
 const MODEL_DIR: &str = "qwen4exp";
 
-/// The repository's graph files, embedded: (path relative to `graphs/`, text).
-const EMBEDDED: &[(&str, &str)] = &[
-    (
-        "qwen4exp/model.ron",
-        include_str!("../../graphs/qwen4exp/model.ron"),
-    ),
-    (
-        "qwen4exp/embed.ron",
-        include_str!("../../graphs/qwen4exp/embed.ron"),
-    ),
-    (
-        "qwen4exp/ple.ron",
-        include_str!("../../graphs/qwen4exp/ple.ron"),
-    ),
-    (
-        "qwen4exp/hc_read.ron",
-        include_str!("../../graphs/qwen4exp/hc_read.ron"),
-    ),
-    (
-        "qwen4exp/hc_write.ron",
-        include_str!("../../graphs/qwen4exp/hc_write.ron"),
-    ),
-    (
-        "qwen4exp/gdn.ron",
-        include_str!("../../graphs/qwen4exp/gdn.ron"),
-    ),
-    (
-        "qwen4exp/qsa.ron",
-        include_str!("../../graphs/qwen4exp/qsa.ron"),
-    ),
-    (
-        "qwen4exp/moe.ron",
-        include_str!("../../graphs/qwen4exp/moe.ron"),
-    ),
-    (
-        "qwen4exp/exit_mixer.ron",
-        include_str!("../../graphs/qwen4exp/exit_mixer.ron"),
-    ),
-    (
-        "qwen4exp/last_row.ron",
-        include_str!("../../graphs/qwen4exp/last_row.ron"),
-    ),
-    (
-        "qwen4exp/lm_head.ron",
-        include_str!("../../graphs/qwen4exp/lm_head.ron"),
-    ),
-    ("fusions.ron", include_str!("../../graphs/fusions.ron")),
-    ("rules.ron", include_str!("../../graphs/rules.ron")),
-];
+/// The repository's graph files, embedded by `build.rs`: (path relative to `graphs/`, text).
+const EMBEDDED: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/embedded_graphs.rs"));
 
 impl GraphSet {
     /// The graph files built into the binary.

@@ -60,16 +60,15 @@ pub fn lower(
     opts: &LowerOptions,
 ) -> Result<Lowered, LowerError> {
     if opts.tokens == 0 {
-        return Err(LowerError::Override {
-            arg: "--tokens 0".into(),
-            msg: "a step needs at least one token".into(),
-        });
+        return Err(LowerError::Options(
+            "--tokens 0: a step needs at least one token".into(),
+        ));
     }
     if opts.phase == Phase::Decode && opts.tokens != 1 {
-        return Err(LowerError::Override {
-            arg: format!("--tokens {}", opts.tokens),
-            msg: "decode steps have exactly one token".into(),
-        });
+        return Err(LowerError::Options(format!(
+            "--tokens {}: decode steps have exactly one token",
+            opts.tokens
+        )));
     }
     let rules = passes::schedule::check_rules(&graphs.rules, &opts.overrides)?;
     let mut program = instantiate::instantiate(plan, graphs, opts)?;

@@ -36,6 +36,30 @@ pub fn candidates(canonical: &str) -> Vec<String> {
     }
 }
 
+/// For per-expert tensors: None when all are present; otherwise the absent ones by name when
+/// some are present, or the name pattern when none is (a fused checkpoint missing a tensor).
+fn missing_parts(ckpt: &Checkpoint, parts: &[Vec<String>]) -> Option<Vec<String>> {
+    let all: Vec<&String> = parts.iter().flatten().collect();
+    let absent: Vec<String> = all
+        .iter()
+        .filter(|n| !ckpt.contains(n))
+        .map(|n| n.to_string())
+        .collect();
+    if absent.is_empty() {
+        None
+    } else if absent.len() < all.len() {
+        Some(absent)
+    } else {
+        let first = &parts[0][0];
+        let pattern = first.replacen("experts.0.", &format!("experts.{{0..{}}}.", parts.len()), 1);
+        Some(vec![if parts[0].len() == 2 {
+            pattern.replace("gate_proj", "{gate,up}_proj")
+        } else {
+            pattern
+        }])
+    }
+}
+
 /// Finds the source of `canonical` (with `experts` experts for fused expert weights), or the list
 /// of names that were tried.
 pub fn resolve(ckpt: &Checkpoint, canonical: &str, experts: usize) -> Result<Source, Vec<String>> {
@@ -54,29 +78,44 @@ pub fn resolve(ckpt: &Checkpoint, canonical: &str, experts: usize) -> Result<Sou
                     ]
                 })
                 .collect();
-            if parts.iter().flatten().all(|n| ckpt.contains(n)) {
-                return Ok(Source::PerExpert { parts });
+            match missing_parts(ckpt, &parts) {
+                None => return Ok(Source::PerExpert { parts }),
+                Some(missing) => tried.extend(missing),
             }
-            tried.push(format!(
-                "{base}experts.{{0..{experts}}}.{{gate,up}}_proj.weight"
-            ));
         } else if let Some(base) = name.strip_suffix("experts.down_proj") {
             let parts: Vec<Vec<String>> = (0..experts)
                 .map(|e| vec![format!("{base}experts.{e}.down_proj.weight")])
                 .collect();
-            if parts.iter().flatten().all(|n| ckpt.contains(n)) {
-                return Ok(Source::PerExpert { parts });
+            match missing_parts(ckpt, &parts) {
+                None => return Ok(Source::PerExpert { parts }),
+                Some(missing) => tried.extend(missing),
             }
-            tried.push(format!("{base}experts.{{0..{experts}}}.down_proj.weight"));
         } else if let Some(base) = name.strip_suffix("ngram_embedding.weight") {
-            let shards: Vec<String> = (0..)
-                .map(|k| format!("{base}ngram_embedding.shard_{k}.weight"))
-                .take_while(|n| ckpt.contains(n))
+            // Every `shard_{k}` present, numbered 0..n without gaps.
+            let prefix = format!("{base}ngram_embedding.shard_");
+            let mut numbers: Vec<usize> = ckpt
+                .names()
+                .filter_map(|n| {
+                    n.strip_prefix(prefix.as_str())?
+                        .strip_suffix(".weight")?
+                        .parse()
+                        .ok()
+                })
                 .collect();
-            if !shards.is_empty() {
-                return Ok(Source::Shards(shards));
+            numbers.sort_unstable();
+            if let Some(&last) = numbers.last() {
+                let shard = |k: usize| format!("{prefix}{k}.weight");
+                let absent: Vec<String> = (0..=last)
+                    .filter(|k| numbers.binary_search(k).is_err())
+                    .map(shard)
+                    .collect();
+                if absent.is_empty() {
+                    return Ok(Source::Shards((0..=last).map(shard).collect()));
+                }
+                tried.extend(absent);
+            } else {
+                tried.push(format!("{prefix}{{k}}.weight"));
             }
-            tried.push(format!("{base}ngram_embedding.shard_{{k}}.weight"));
         }
     }
     Err(tried)
