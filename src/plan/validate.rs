@@ -169,6 +169,19 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
     .unwrap_or(false);
 
     let ple = ple(&t, num_layers, vocab_size, hidden_size)?;
+    // transformers (5.17 and 5.23) allows PLE only on linear_attention layers.
+    if let Some(p) = &ple {
+        for (i, id) in p.layer_ids.iter().enumerate() {
+            let (kind, type_name) = &kinds[id - 1];
+            if *kind != LayerKind::Gdn {
+                return Err(t.invalid(
+                    &format!("ple_layer_ids[{i}]"),
+                    id,
+                    format!("Qwen4Exp supports PLE only on linear_attention layers; layer {id} (one-indexed) is {type_name:?}"),
+                ));
+            }
+        }
+    }
     if ple.is_some() && eos_token_ids.is_empty() {
         // The n-gram history before the first token (and after each eos) is eos_token_id[0].
         let reason = "Qwen4Exp requires eos_token_id when ple_layer_ids is non-empty: the PLE n-gram history is padded with eos_token_id[0]";
@@ -1418,10 +1431,15 @@ mod tests {
     }
 
     #[test]
-    fn ple_on_an_attention_layer_is_allowed() {
-        let plan = load_with(set("ple_layer_ids", json!([2])));
-        assert_eq!(plan.layers[1].kind, LayerKind::Qsa);
-        assert_eq!(plan.layers[1].ple, Some(0));
+    fn ple_on_an_attention_layer_is_refused() {
+        fails_with(
+            set("ple_layer_ids", json!([2])),
+            &[
+                "field ple_layer_ids[0] = 2",
+                "only on linear_attention layers",
+                "\"full_attention\"",
+            ],
+        );
     }
 
     #[test]
