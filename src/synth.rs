@@ -41,19 +41,14 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
     };
     std::fs::create_dir_all(out).map_err(io)?;
     std::fs::write(out.join("config.json"), config_text).map_err(io)?;
-    let graphs = GraphSet::embedded()?;
-    let lowered = lower::lower(
-        plan,
-        &graphs,
-        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
-    )?;
-    let program = lowered.program;
+    let program = contract_program(plan)?;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
     for w in &program.weights {
         let name = checkpoint_name(plan, &w.name);
         if w.class == WeightClass::I64 {
-            let values = buffer_values(&program.consts, &w.name).unwrap_or_default();
+            let values = crate::weights::contract::buffer_expectation(&w.name, &program.consts)
+                .unwrap_or_default();
             tensors.push((
                 name,
                 DType::I64,
@@ -92,18 +87,18 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
     write_files(out, tensors, opts.shard_bytes)
 }
 
+/// A program of the plan: its weight table is the tensor contract.
+fn contract_program(plan: &ModelPlan) -> Result<crate::ir::Program> {
+    let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    Ok(lower::lower(plan, &GraphSet::embedded()?, &opts)?.program)
+}
+
 /// Random weights for `plan`, in memory (the values `write` would store as f32).
 pub fn random_weights(plan: &ModelPlan, seed: u64) -> Result<Weights> {
-    let graphs = GraphSet::embedded()?;
-    let lowered = lower::lower(
-        plan,
-        &graphs,
-        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
-    )?;
+    let program = contract_program(plan)?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut weights = Weights::new();
-    for w in lowered
-        .program
+    for w in program
         .weights
         .iter()
         .filter(|w| w.class == WeightClass::Float)
@@ -125,23 +120,6 @@ fn checkpoint_name(plan: &ModelPlan, canonical: &str) -> String {
         (ConfigKind::Composite, Some(rest)) => format!("model.language_model.{rest}"),
         _ => canonical.to_string(),
     }
-}
-
-fn buffer_values(consts: &crate::ir::Consts, name: &str) -> Option<Vec<i64>> {
-    let layer: usize = name
-        .strip_prefix("model.layers.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()?;
-    let t = consts.ple_tables.iter().find(|t| t.layer == layer)?;
-    Some(if name.ends_with("layer_multipliers") {
-        t.multipliers.clone()
-    } else if name.ends_with("vocab_sizes") {
-        t.head_sizes.clone()
-    } else {
-        t.head_offsets.clone()
-    })
 }
 
 /// Standard normal by Box–Muller (deterministic for a seed).

@@ -213,7 +213,7 @@ fn part_shapes<'a>(source: &'a Source, shape: &[usize]) -> Vec<(&'a str, Option<
 }
 
 /// The values an int64 PLE buffer must hold, from the plan's tables.
-fn buffer_expectation(name: &str, consts: &Consts) -> Option<Vec<i64>> {
+pub fn buffer_expectation(name: &str, consts: &Consts) -> Option<Vec<i64>> {
     let layer: usize = name
         .strip_prefix("model.layers.")?
         .split('.')

@@ -1,7 +1,24 @@
-//! The CUDA side. For now only the device probe: the CUDA executor (kernels from `kernels/`,
-//! NVRTC, per-segment CUDA graphs) is the next piece of work. The driver is loaded at run time
-//! (cudarc's dynamic loading), so graphrun builds and runs on machines without CUDA.
+//! The CUDA side of graphrun. The driver and NVRTC are loaded at run time (cudarc's dynamic
+//! loading), so graphrun builds and runs on machines without CUDA; everything here answers with a
+//! [`CudaError`] there, never a panic.
+//!
+//! Built so far (the foundation of the CUDA executor):
+//! - [`probe`]: which devices exist;
+//! - [`kernels`]: the embedded `kernels/*.cu` sources, `#include "x.cuh"` expanded;
+//! - [`compile`]: NVRTC for the device's architecture, PTX cached on disk by content hash;
+//! - [`device`]: a device context with its stream, modules and kernels loaded on first use;
+//! - [`launch`]: one launch function per kernel, the shapes checked before launching.
+//!
+//! Next (see `docs/cuda-plan.md`): every op's kernels, the executor over programs with an arena
+//! from `memplan`, device-side routing and selection, per-segment CUDA graphs.
 
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod kernels;
+pub mod launch;
 pub mod probe;
 
+pub use device::Gpu;
+pub use error::CudaError;
 pub use probe::{probe, CudaUnavailable, DeviceInfo};

@@ -1,0 +1,29 @@
+// Elementwise ops over n f32 values (src/ops/elementwise.rs is the reference).
+#include "common.cuh"
+
+#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+extern "C" __global__ void silu_reference_f32(float* y, const float* x, long n) {
+    GRID_STRIDE(i, n) y[i] = silu_f32(x[i]);
+}
+
+extern "C" __global__ void sigmoid_reference_f32(float* y, const float* x, long n) {
+    GRID_STRIDE(i, n) y[i] = sigmoid_f32(x[i]);
+}
+
+extern "C" __global__ void div_by_reference_f32(float* y, const float* x, float by, long n) {
+    GRID_STRIDE(i, n) y[i] = x[i] / by;
+}
+
+extern "C" __global__ void mul_by_reference_f32(float* y, const float* x, float by, long n) {
+    GRID_STRIDE(i, n) y[i] = x[i] * by;
+}
+
+extern "C" __global__ void add_reference_f32(float* y, const float* a, const float* b, long n) {
+    GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+// b has `b_width` columns per row of `width`: equal widths, or one column broadcast over the row.
+extern "C" __global__ void mul_reference_f32(float* y, const float* a, const float* b, long width, long b_width, long n) {
+    GRID_STRIDE(i, n) y[i] = a[i] * (b_width == width ? b[i] : b[i / width]);
+}

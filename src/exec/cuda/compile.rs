@@ -1,0 +1,163 @@
+//! NVRTC compilation for the device's architecture, with the PTX cached on disk by a hash of
+//! everything that determines it (source after includes, architecture, options), so a kernel is
+//! compiled once per machine and change.
+
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+
+use super::error::CudaError;
+use super::kernels;
+
+/// Options every kernel is compiled with. Precise division and square root keep the GPU's
+/// rounding close to the CPU reference; contraction to FMA stays on (it only ever improves it).
+const OPTIONS: &[&str] = &[
+    "--std=c++17",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+    "--ftz=false",
+];
+
+/// Where compiled kernels are kept: `$GRAPHRUN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/graphrun/kernels`,
+/// else `~/.cache/graphrun/kernels`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("GRAPHRUN_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("graphrun").join("kernels"))
+}
+
+/// 64-bit FNV-1a: a stable content hash for cache file names (not for security).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0u8)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+pub struct Compiled {
+    pub ptx: String,
+    pub from_cache: bool,
+}
+
+/// Compiles `kernels/<file>` for compute capability `(major, minor)`.
+pub fn compile(file: &str, arch: (i32, i32), cache: Option<&Path>) -> Result<Compiled, CudaError> {
+    let source = kernels::expand(file)?;
+    let arch_flag = format!("--gpu-architecture=sm_{}{}", arch.0, arch.1);
+    let mut key_parts = vec![source.as_str(), arch_flag.as_str()];
+    key_parts.extend(OPTIONS);
+    let stem = file.trim_end_matches(".cu");
+    let cached = cache.map(|d| d.join(format!("{stem}-{:016x}.ptx", fnv1a(&key_parts))));
+    if let Some(path) = &cached {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            return Ok(Compiled {
+                ptx,
+                from_cache: true,
+            });
+        }
+    }
+    // SAFETY: only checks whether the shared library can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoNvrtc);
+    }
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    options.push(arch_flag.clone());
+    let opts = CompileOptions {
+        name: Some(file.to_string()),
+        options,
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(&source, opts)
+        .map_err(|e| compile_error(file, e))?
+        .to_src();
+    if let Some(path) = &cached {
+        // Best effort: a cache that cannot be written only costs a compile next time.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &ptx).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
+    Ok(Compiled {
+        ptx,
+        from_cache: false,
+    })
+}
+
+/// Turns NVRTC's log into an error naming the file and the first line it complains about
+/// (NVRTC writes `file.cu(12): error: ...`).
+fn compile_error(file: &str, e: CompileError) -> CudaError {
+    match e {
+        CompileError::CompileError { log, .. } => {
+            let log = log.to_string_lossy().to_string();
+            let (line, msg) = first_error(&log).unwrap_or((None, "compilation failed".to_string()));
+            CudaError::Compile {
+                file: file.to_string(),
+                line,
+                msg,
+                log,
+            }
+        }
+        other => CudaError::Compile {
+            file: file.to_string(),
+            line: None,
+            msg: format!("{other:?}"),
+            log: String::new(),
+        },
+    }
+}
+
+fn first_error(log: &str) -> Option<(Option<u32>, String)> {
+    let line = log.lines().find(|l| l.contains("error"))?;
+    let number = line
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .and_then(|(n, _)| n.parse().ok());
+    let msg = line
+        .split_once("error")
+        .map(|(_, m)| m.trim_start_matches([':', ' ']).to_string())
+        .unwrap_or_default();
+    Some((number, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvrtc_log_lines_are_parsed() {
+        let log =
+            "norm.cu(12): warning: unused\nnorm.cu(17): error: identifier \"foo\" is undefined\n";
+        assert_eq!(
+            first_error(log),
+            Some((Some(17), "identifier \"foo\" is undefined".to_string()))
+        );
+    }
+
+    #[test]
+    fn cache_keys_change_with_source_and_arch() {
+        assert_ne!(fnv1a(&["a", "sm_90"]), fnv1a(&["a", "sm_80"]));
+        assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
+    }
+
+    /// Without NVRTC (CI), compiling is a clear error, not a panic.
+    #[test]
+    fn compiling_without_nvrtc_is_an_error() {
+        if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return; // a machine with CUDA: the GPU tests cover compilation
+        }
+        assert!(matches!(
+            compile("norm.cu", (9, 0), None),
+            Err(CudaError::NoNvrtc)
+        ));
+    }
+}

@@ -1,0 +1,269 @@
+//! One function per kernel: checks the shapes on the host, picks the launch geometry, launches
+//! on the device's stream. Names follow `<op>_<variant>_<dtype>` as in `kernels/*.cu`.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::device::Gpu;
+use super::error::CudaError;
+
+fn shape(kernel: &str, ok: bool, msg: impl FnOnce() -> String) -> Result<(), CudaError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CudaError::Shape {
+            kernel: kernel.to_string(),
+            msg: msg(),
+        })
+    }
+}
+
+fn grid_for(n: usize, block: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(block as usize).clamp(1, 65_535 * 8) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn launched(
+    kernel: &str,
+    r: Result<
+        Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+        cudarc::driver::DriverError,
+    >,
+) -> Result<(), CudaError> {
+    r.map(|_| ())
+        .map_err(|e| CudaError::driver(format!("launching {kernel}"), None, e))
+}
+
+/// Elementwise ops with one input: `silu`, `sigmoid`.
+pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = format!("{op}_reference_f32");
+    let f = gpu.function("elementwise.cu", &kernel)?;
+    let n = x.len();
+    let mut y = gpu.zeros::<f32>(n, &kernel)?;
+    let n64 = n as i64;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x).arg(&n64);
+    // SAFETY: the kernel reads n floats of x and writes n floats of y, both n long.
+    launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// `div_by` or `mul_by` a scalar.
+pub fn scalar(
+    gpu: &Gpu,
+    op: &str,
+    x: &CudaSlice<f32>,
+    by: f32,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = format!("{op}_reference_f32");
+    let f = gpu.function("elementwise.cu", &kernel)?;
+    let n = x.len();
+    let mut y = gpu.zeros::<f32>(n, &kernel)?;
+    let n64 = n as i64;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x).arg(&by).arg(&n64);
+    // SAFETY: as `unary`.
+    launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+pub fn add(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    b_in: &CudaSlice<f32>,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "add_reference_f32";
+    shape(kernel, a.len() == b_in.len(), || {
+        format!("lengths {} and {}", a.len(), b_in.len())
+    })?;
+    let f = gpu.function("elementwise.cu", kernel)?;
+    let n = a.len();
+    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let n64 = n as i64;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(a).arg(b_in).arg(&n64);
+    // SAFETY: all three buffers hold n floats.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// `a * b` with `a [rows, width]` and `b [rows, width]` or `[rows, 1]`.
+pub fn mul(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    b_in: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "mul_reference_f32";
+    shape(
+        kernel,
+        rows > 0 && a.len() % rows == 0 && (b_in.len() == a.len() || b_in.len() == rows),
+        || format!("a has {} values, b {}, rows {rows}", a.len(), b_in.len()),
+    )?;
+    let f = gpu.function("elementwise.cu", kernel)?;
+    let n = a.len();
+    let width = (n / rows) as i64;
+    let b_width = (b_in.len() / rows) as i64;
+    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let n64 = n as i64;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(a)
+        .arg(b_in)
+        .arg(&width)
+        .arg(&b_width)
+        .arg(&n64);
+    // SAFETY: b is indexed below its length by the width check above.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// Grouped RMS norm (`ops::norm::rms_norm`).
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    group: usize,
+    unit_offset: bool,
+    eps: f32,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "rms_norm_reference_f32";
+    shape(
+        kernel,
+        group > 0
+            && x.len() % group == 0
+            && w.len() > 0
+            && (w.len() == group || x.len() % w.len() == 0),
+        || format!("x {} values, group {group}, weight {}", x.len(), w.len()),
+    )?;
+    let f = gpu.function("norm.cu", kernel)?;
+    let groups = (x.len() / group) as i64;
+    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let (g32, wl, uo) = (group as i32, w.len() as i32, unit_offset as i32);
+    let threads = if group >= 1024 {
+        1024
+    } else {
+        group.next_multiple_of(32).max(32) as u32
+    };
+    let cfg = LaunchConfig {
+        grid_dim: ((groups as usize).min(65_535 * 8) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(x)
+        .arg(w)
+        .arg(&groups)
+        .arg(&g32)
+        .arg(&wl)
+        .arg(&uo)
+        .arg(&eps);
+    // SAFETY: groups*group == x.len() == y.len(); w is indexed modulo its length.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// Weights of a linear layer on the device.
+pub enum DeviceMatrix {
+    F32(CudaSlice<f32>),
+    /// bf16 bits.
+    Bf16(CudaSlice<u16>),
+}
+
+impl DeviceMatrix {
+    pub fn len(&self) -> usize {
+        match self {
+            DeviceMatrix::F32(s) => s.len(),
+            DeviceMatrix::Bf16(s) => s.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row.
+pub fn linear_rows(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match w {
+        DeviceMatrix::F32(_) => "linear_rows_f32",
+        DeviceMatrix::Bf16(_) => "linear_rows_bf16",
+    };
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.zeros::<f32>(tokens * n, kernel)?;
+    let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
+    const WARPS: usize = 8;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(WARPS).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x);
+    match w {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+    b.arg(&t32).arg(&k64).arg(&n64);
+    // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
+    // cudarc's allocations are 256-byte aligned.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// Gathers rows of `table [rows, d]` for each id.
+pub fn embed(
+    gpu: &Gpu,
+    ids: &CudaSlice<i64>,
+    table: &DeviceMatrix,
+    d: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match table {
+        DeviceMatrix::F32(_) => "embed_reference_f32",
+        DeviceMatrix::Bf16(_) => "embed_reference_bf16",
+    };
+    shape(kernel, d > 0 && table.len() % d == 0, || {
+        format!("table of {} values is not rows of {d}", table.len())
+    })?;
+    let f = gpu.function("embed.cu", kernel)?;
+    let count = ids.len();
+    let mut y = gpu.zeros::<f32>(count * d, kernel)?;
+    let (c64, d64) = (count as i64, d as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (count.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(ids);
+    match table {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+    b.arg(&c64).arg(&d64);
+    // SAFETY: ids are in range (checked by callers: tokens by the session, n-gram ids by
+    // construction); y holds count*d floats.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
