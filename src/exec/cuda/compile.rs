@@ -149,6 +149,21 @@ mod tests {
         assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
     }
 
+    /// Where NVRTC is present (the GPU machine, or a developer machine with the
+    /// `nvidia-cuda-nvrtc` wheel on LD_LIBRARY_PATH; no GPU needed), every kernel file compiles
+    /// for sm_90, and a broken one is reported with its file and line.
+    #[test]
+    fn every_kernel_compiles_when_nvrtc_is_present() {
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("NVRTC not found here: kernel compilation is checked on the GPU machine");
+            return;
+        }
+        for file in super::kernels::files() {
+            let compiled = compile(file, (9, 0), None).unwrap_or_else(|e| panic!("{e}"));
+            assert!(compiled.ptx.contains(".target sm_90"), "{file}");
+        }
+    }
+
     /// Without NVRTC (CI), compiling is a clear error, not a panic.
     #[test]
     fn compiling_without_nvrtc_is_an_error() {

@@ -6,7 +6,12 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::device::Gpu;
 use super::error::CudaError;
 
-fn shape(kernel: &str, ok: bool, msg: impl FnOnce() -> String) -> Result<(), CudaError> {
+pub mod attention;
+pub mod gdn;
+pub mod layout;
+pub mod moe;
+
+pub(crate) fn shape(kernel: &str, ok: bool, msg: impl FnOnce() -> String) -> Result<(), CudaError> {
     if ok {
         Ok(())
     } else {
@@ -17,7 +22,7 @@ fn shape(kernel: &str, ok: bool, msg: impl FnOnce() -> String) -> Result<(), Cud
     }
 }
 
-fn grid_for(n: usize, block: u32) -> LaunchConfig {
+pub(crate) fn grid_for(n: usize, block: u32) -> LaunchConfig {
     let blocks = n.div_ceil(block as usize).clamp(1, 65_535 * 8) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
