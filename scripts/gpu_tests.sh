@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
-TESTS=(gpu_kernels)
+TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_e2e)
 
 case "${1:-}" in
 build)
@@ -26,7 +26,7 @@ for l in sys.stdin:
     done
     ;;
 run)
-    out="${OUT:-results}"
+    out="${OUT:-results}"  # on the device machine $OUT comes back; copy it to results/<date>-gpu-tests.log
     log="$out/gpu_tests.log"
     {
         echo "# graphrun GPU tests"

@@ -15,6 +15,8 @@ pub enum Error {
     Lower(#[from] crate::lower::LowerError),
     #[error(transparent)]
     Exec(#[from] crate::exec::cpu::ExecError),
+    #[error(transparent)]
+    Cuda(#[from] crate::exec::cuda::CudaError),
     /// A request the model cannot take (bad token id, empty prompt, bad sampling setting).
     #[error("{0}")]
     Input(String),

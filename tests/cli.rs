@@ -243,3 +243,38 @@ fn synth_cli_bf16() {
     assert!(ok);
     assert!(!stdout.trim().is_empty());
 }
+
+/// Without a GPU, `--device auto` runs on the CPU with a notice and `--device cuda` is a clear
+/// error (on the GPU machine both run on the GPU: tests/gpu_e2e.rs).
+#[test]
+fn device_choice_without_a_gpu() {
+    if graphrun::exec::cuda::probe().is_ok() {
+        return;
+    }
+    let args = |device: &str| {
+        graphrun(&[
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "3",
+            "--device",
+            device,
+        ])
+    };
+    let (ok, stdout, stderr) = args("auto");
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("notice: no CUDA device"), "{stderr}");
+    assert_eq!(stdout.lines().last().unwrap().split(',').count(), 3);
+    let (ok, _, stderr) = args("cuda");
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("error:") && stderr.contains("CUDA"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = args("tpu");
+    assert!(!ok);
+    assert!(stderr.contains("unknown device `tpu`"), "{stderr}");
+}

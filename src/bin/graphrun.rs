@@ -10,7 +10,7 @@ use graphrun::ir::{LogitsMode, Phase};
 use graphrun::lower::{self, GraphSet, LowerOptions};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
-use graphrun::runtime::{GenerateOptions, Model, ModelOptions, Sampling};
+use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
 use graphrun::synth::{self, SynthDtype, SynthOptions};
 use graphrun::Error;
 
@@ -72,6 +72,16 @@ impl Schedule {
 }
 
 #[derive(Args)]
+struct Placement {
+    /// Where to run: cpu (the reference), cuda (GPU 0), or auto (cuda when present, else cpu with a notice).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+    /// Longest context a GPU session holds (its caches are preallocated).
+    #[arg(long, value_name = "TOKENS")]
+    context: Option<usize>,
+}
+
+#[derive(Args)]
 struct RunArgs {
     /// Model directory (config.json, safetensors, optional tokenizer.json).
     #[arg(long)]
@@ -105,6 +115,8 @@ struct RunArgs {
     ignore_eos: bool,
     #[command(flatten)]
     schedule: Schedule,
+    #[command(flatten)]
+    placement: Placement,
 }
 
 #[derive(Args)]
@@ -117,6 +129,8 @@ struct LogitsArgs {
     out: PathBuf,
     #[command(flatten)]
     schedule: Schedule,
+    #[command(flatten)]
+    placement: Placement,
 }
 
 #[derive(Args)]
@@ -175,13 +189,20 @@ fn load_model(
     dir: &std::path::Path,
     graphs: &Option<PathBuf>,
     schedule: &Schedule,
+    placement: &Placement,
 ) -> Result<Model, Error> {
     let options = ModelOptions {
         graphs_dir: graphs.clone(),
         overrides: schedule.overrides()?,
         fusions: schedule.fusions(),
+        device: placement.device,
+        context_capacity: placement.context,
     };
-    Model::load(dir, options)
+    let model = Model::load(dir, options)?;
+    if let Some(notice) = &model.fallback_notice {
+        eprintln!("notice: {notice}");
+    }
+    Ok(model)
 }
 
 fn graph_set(graphs: &Option<PathBuf>) -> Result<GraphSet, Error> {
@@ -225,7 +246,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                     .to_vec(),
                 _ => return Err(Error::Input("give --prompt-ids or --prompt".into())),
             };
-            let model = load_model(&a.model, &cli.graphs, &a.schedule)?;
+            let model = load_model(&a.model, &cli.graphs, &a.schedule, &a.placement)?;
             let opts = GenerateOptions {
                 max_new_tokens: a.max_new_tokens,
                 sampling,
@@ -249,7 +270,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Logits(a) => {
             let prompt = parse_ids(&a.prompt_ids)?;
-            let model = load_model(&a.model, &cli.graphs, &a.schedule)?;
+            let model = load_model(&a.model, &cli.graphs, &a.schedule, &a.placement)?;
             let logits = model.session().prefill(&prompt, LogitsMode::All)?;
             let bytes = checkpoint::f32_bytes(&logits.data);
             let t = TensorData {

@@ -4,6 +4,6 @@ pub mod model;
 pub mod sampling;
 pub mod session;
 
-pub use model::{Model, ModelOptions};
+pub use model::{Backend, DeviceChoice, Model, ModelOptions};
 pub use sampling::{Sampler, Sampling};
 pub use session::{GenerateOptions, Logits, Session};

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::exec::cuda::executor::DeviceWeights;
+use crate::exec::cuda::{self, Gpu};
 use crate::ir::{LogitsMode, Phase, Program};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::passes::schedule::RuleOverride;
@@ -22,6 +24,46 @@ pub struct ModelOptions {
     pub overrides: Vec<RuleOverride>,
     /// Only these fusions (`None`: all).
     pub fusions: Option<Vec<String>>,
+    /// Where programs run.
+    pub device: DeviceChoice,
+    /// Longest context a CUDA session holds (its KV caches are preallocated); default
+    /// min(max_position_embeddings, 8192).
+    pub context_capacity: Option<usize>,
+}
+
+/// Which executor runs the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    #[default]
+    Cpu,
+    /// CUDA device 0; an error when there is none.
+    Cuda,
+    /// CUDA when a device is present, else the CPU (see `Model::fallback_notice`).
+    Auto,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            "auto" => Ok(DeviceChoice::Auto),
+            other => Err(format!(
+                "unknown device `{other}` (expected cpu, cuda or auto)"
+            )),
+        }
+    }
+}
+
+/// The executor a model runs on, with what it keeps there.
+pub enum Backend {
+    Cpu,
+    Cuda {
+        gpu: Gpu,
+        weights: DeviceWeights,
+        capacity: usize,
+    },
 }
 
 pub struct Model {
@@ -32,6 +74,9 @@ pub struct Model {
     pub weight_dtype: String,
     /// Checkpoint tensors the model does not use (`mtp.*`, `model.visual.*`, ...).
     pub unused_tensors: Vec<String>,
+    pub backend: Backend,
+    /// Why `DeviceChoice::Auto` fell back to the CPU, if it did.
+    pub fallback_notice: Option<String>,
     options: ModelOptions,
     programs: Mutex<HashMap<(Phase, usize, LogitsMode), Arc<Program>>>,
 }
@@ -59,10 +104,47 @@ impl Model {
             plan.moe.num_experts,
         )?;
         let weights = weights::contract::load(&ckpt, &resolved)?;
+        let device = options.device;
         let mut model = Model::from_parts(plan, graphs, weights, options);
         model.weight_dtype = resolved.float_dtype;
         model.unused_tensors = resolved.unused;
+        model.set_device(device, &probe.program)?;
         Ok(model)
+    }
+
+    /// Moves the model onto `device` (weights uploaded once; bf16 matrices for a bf16 checkpoint).
+    fn set_device(&mut self, device: DeviceChoice, program: &Program) -> Result<()> {
+        let gpu = match device {
+            DeviceChoice::Cpu => return Ok(()),
+            DeviceChoice::Cuda => Gpu::new(0)?,
+            DeviceChoice::Auto => match cuda::probe() {
+                Ok(_) => Gpu::new(0)?,
+                Err(e) => {
+                    self.fallback_notice =
+                        Some(format!("no CUDA device ({e}); running on the CPU"));
+                    return Ok(());
+                }
+            },
+        };
+        let weights =
+            DeviceWeights::upload(&gpu, program, &self.weights, self.weight_dtype == "bf16")?;
+        let block = self
+            .plan
+            .indexer
+            .as_ref()
+            .map(|i| i.compress_ratio)
+            .unwrap_or(1);
+        let capacity = self
+            .options
+            .context_capacity
+            .unwrap_or(self.plan.max_position_embeddings.min(8192))
+            .next_multiple_of(block);
+        self.backend = Backend::Cuda {
+            gpu,
+            weights,
+            capacity,
+        };
+        Ok(())
     }
 
     /// A model from weights already in memory (tests, synthetic models).
@@ -78,6 +160,8 @@ impl Model {
             weights,
             weight_dtype: "f32".into(),
             unused_tensors: Vec::new(),
+            backend: Backend::Cpu,
+            fallback_notice: None,
             options,
             programs: Mutex::new(HashMap::new()),
         }

@@ -4,10 +4,11 @@
 //! this state. A refused call (bad token, over-long context) leaves it untouched.
 
 use crate::error::{Error, Result};
+use crate::exec::cuda::executor::{self, DeviceState};
 use crate::exec::{cpu, SessionState};
 use crate::ir::{LogitsMode, Phase};
 
-use super::model::Model;
+use super::model::{Backend, Model};
 use super::sampling::{Sampler, Sampling};
 
 /// Logits `[rows, vocab]`.
@@ -37,22 +38,34 @@ pub struct GenerateOptions {
 
 pub struct Session<'m> {
     model: &'m Model,
+    /// The CPU executor's state (untouched by a session on a GPU).
     state: SessionState,
+    /// The CUDA executor's state, for a model on a GPU.
+    device_state: Option<DeviceState>,
 }
 
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model) -> Self {
+        let device_state = match &model.backend {
+            Backend::Cpu => None,
+            Backend::Cuda { capacity, .. } => Some(DeviceState::new(*capacity)),
+        };
         Session {
             model,
             state: SessionState::default(),
+            device_state,
         }
     }
 
     /// Tokens processed so far.
     pub fn position(&self) -> usize {
-        self.state.position
+        match &self.device_state {
+            Some(d) => d.position,
+            None => self.state.position,
+        }
     }
 
+    /// The CPU executor's state (empty for a session on a GPU).
     pub fn state(&self) -> &SessionState {
         &self.state
     }
@@ -68,12 +81,20 @@ impl<'m> Session<'m> {
                 vocab - 1
             )));
         }
-        let end = self.state.position + ids.len();
+        let end = self.position() + ids.len();
         if end > self.model.plan.max_position_embeddings {
             return Err(Error::Input(format!(
                 "context of {end} tokens exceeds max_position_embeddings = {}",
                 self.model.plan.max_position_embeddings
             )));
+        }
+        if let Some(d) = &self.device_state {
+            if end > d.capacity {
+                return Err(Error::Input(format!(
+                    "context of {end} tokens exceeds this session's device capacity of {} (raise it with --context)",
+                    d.capacity
+                )));
+            }
         }
         Ok(())
     }
@@ -89,7 +110,12 @@ impl<'m> Session<'m> {
         let program = self.model.program(phase, ids.len(), logits)?;
         let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         // Everything a caller can get wrong was checked above; the state changes only from here.
-        let (data, rows) = cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?;
+        let (data, rows) = match (&self.model.backend, &mut self.device_state) {
+            (Backend::Cuda { gpu, weights, .. }, Some(state)) => {
+                executor::run(gpu, &program, weights, state, &tokens)?
+            }
+            _ => cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?,
+        };
         Ok(Logits {
             rows,
             vocab: self.model.plan.vocab_size,

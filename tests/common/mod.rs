@@ -5,8 +5,14 @@ use std::path::{Path, PathBuf};
 
 use graphrun::checkpoint::Checkpoint;
 
+/// The repository root: where the test was built, or the current directory when the test binary
+/// runs elsewhere (the GPU machine runs copies of the test binaries from its repo root).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if built.join("tests/fixtures").exists() {
+        return built;
+    }
+    std::env::current_dir().unwrap()
 }
 
 /// Every parity fixture: the tiny models made by `scripts/make_fixtures.py` with transformers.

@@ -15,6 +15,7 @@
 pub mod compile;
 pub mod device;
 pub mod error;
+pub mod executor;
 pub mod kernels;
 pub mod launch;
 pub mod probe;

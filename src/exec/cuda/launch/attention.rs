@@ -1,1 +1,372 @@
-//! (being written)
+//! RoPE, the QSA indexer's block selection and attention over the KV cache on the device
+//! (`kernels/attention.cu`), matching `ops::rope`, `ops::indexer` and `ops::attention`.
+//!
+//! The step's start position is the device `i64[1]` `step`; every launch's geometry depends only
+//! on `rows` and the fixed capacities, so a captured graph replays at any position. The caller
+//! checks `start + rows <= capacity` on the host (the kernels never touch a row past the
+//! capacity, but a step that overflows is not attended correctly).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{grid_for, launched, shape};
+use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::error::CudaError;
+use crate::ops::indexer::IndexerShape;
+
+const FILE: &str = "attention.cu";
+/// Static shared memory a kernel may take without opting in to more.
+const SHARED_LIMIT: usize = 48 * 1024;
+/// Threads of the score kernel; a multiple of its tile of pooled keys.
+const SCORE_THREADS: usize = 256;
+/// As `TOPK_THREADS` and `ATTN_CHUNK` in the kernel source.
+const TOPK_THREADS: u32 = 1024;
+const ATTN_CHUNK: u32 = 256;
+
+fn one_step(kernel: &str, step: &CudaSlice<i64>) -> Result<(), CudaError> {
+    shape(kernel, !step.is_empty(), || {
+        "the step position buffer is empty".to_string()
+    })
+}
+
+fn rope_dims(kernel: &str, head_dim: usize, rotary_dim: usize) -> Result<(), CudaError> {
+    shape(
+        kernel,
+        head_dim > 0 && rotary_dim.is_multiple_of(2) && rotary_dim <= head_dim,
+        || format!("rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"),
+    )
+}
+
+/// Copies `src [rows, width]` to rows `[start, start+rows)` of `dst [capacity, width]`.
+fn append_rows(
+    gpu: &Gpu,
+    dst: &mut CudaSlice<f32>,
+    src: &CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    width: usize,
+    capacity: usize,
+) -> Result<(), CudaError> {
+    let kernel = "append_rows_f32";
+    let f = gpu.function(FILE, kernel)?;
+    let (r64, w64, c64) = (rows as i64, width as i64, capacity as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(dst).arg(src).arg(step).arg(&r64).arg(&w64).arg(&c64);
+    // SAFETY: src holds rows*width floats and dst capacity*width (checked by the callers); the
+    // kernel skips rows at or past the capacity.
+    launched(kernel, unsafe { b.launch(grid_for(rows * width, 256)) })
+}
+
+/// `ops::rope::rope`: partial NeoX RoPE on every head of `x [rows, width]`, row `t` at position
+/// `step[0] + t`.
+pub fn rope(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    head_dim: usize,
+    rotary_dim: usize,
+    theta: f64,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "rope_reference_f32";
+    one_step(kernel, step)?;
+    rope_dims(kernel, head_dim, rotary_dim)?;
+    shape(
+        kernel,
+        rows > 0 && x.len().is_multiple_of(rows) && (x.len() / rows).is_multiple_of(head_dim),
+        || {
+            format!(
+                "{} values are not {rows} rows of heads of {head_dim}",
+                x.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let width = x.len() / rows;
+    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let (r64, w64, hd, rot) = (
+        rows as i64,
+        width as i64,
+        head_dim as i32,
+        rotary_dim as i32,
+    );
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(x)
+        .arg(step)
+        .arg(&r64)
+        .arg(&w64)
+        .arg(&hd)
+        .arg(&rot)
+        .arg(&theta);
+    // SAFETY: x and y hold rows*width floats; each head's pair partner lies in the same head.
+    launched(kernel, unsafe { b.launch(grid_for(x.len(), 256)) })?;
+    Ok(y)
+}
+
+/// `IndexerSelect` (as `exec::cpu`): appends the step's raw keys `k_raw [rows, head_dim]` to
+/// rows `[start, start+rows)` of `raw_keys [capacity, head_dim]`; pools every block completed by
+/// this step into `pooled [capacity/block, head_dim]` (`ops::indexer::pool_blocks` with the
+/// weight `k_norm [head_dim]`; a longer buffer, such as an `Append` state of `capacity` rows, is
+/// accepted and its rows from capacity/block on are left alone); selects for each row of the
+/// normalised, roped queries `q [rows, heads*head_dim]` (`ops::indexer::select`).
+///
+/// Returns the selection `i32 [rows, 2 + budget/block]` (docs/cuda-plan.md): `visible`, then
+/// `-1` and `-1`s for a dense row, or `budget/block` and that many block ids ascending.
+///
+/// The scores go to a scratch `[rows, capacity/block]` f32 (256 KiB a row at 256k tokens with
+/// block 4: 16 MiB for a 64-token step), and the top-k is a radix select per row over them: at
+/// most 8 passes over the row's scores (it stops once the k-th key's bin is settled) and one
+/// more to emit the ids, so its cost is linear in the number of complete blocks (65536 at 256k
+/// tokens) and needs no shared memory that grows with it.
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_select(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k_raw: &CudaSlice<f32>,
+    k_norm: &CudaSlice<f32>,
+    raw_keys: &mut CudaSlice<f32>,
+    pooled: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    shape_: &IndexerShape,
+    capacity: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<CudaSlice<i32>, CudaError> {
+    let kernel = "indexer_select";
+    let IndexerShape {
+        heads,
+        head_dim: hd,
+        rotary_dim,
+        budget,
+        block,
+    } = *shape_;
+    one_step(kernel, step)?;
+    rope_dims(kernel, hd, rotary_dim)?;
+    shape(
+        kernel,
+        rows > 0 && heads > 0 && block > 0 && capacity <= i32::MAX as usize,
+        || format!("rows {rows}, heads {heads}, block {block}, capacity {capacity}"),
+    )?;
+    let blocks = capacity / block;
+    shape(
+        kernel,
+        q.len() == rows * heads * hd && k_raw.len() == rows * hd && k_norm.len() == hd,
+        || {
+            format!(
+                "q {} values, k {} values, k_norm {} for {rows} rows of {heads}x{hd}",
+                q.len(),
+                k_raw.len(),
+                k_norm.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        raw_keys.len() == capacity * hd && pooled.len() >= blocks * hd,
+        || {
+            format!(
+                "raw keys {} values, pooled {}: want {capacity}x{hd} and at least {blocks}x{hd}",
+                raw_keys.len(),
+                pooled.len()
+            )
+        },
+    )?;
+    let keep = budget / block;
+    let (r64, hd32, rot32, block32, keep32, blocks64) = (
+        rows as i64,
+        hd as i32,
+        rotary_dim as i32,
+        block as i32,
+        keep as i32,
+        blocks as i64,
+    );
+
+    // 1. The raw keys.
+    append_rows(gpu, raw_keys, k_raw, rows, step, hd, capacity)?;
+
+    // 2. The blocks this step completes: at most ceil(rows/block), one thread block each.
+    let pool = "indexer_select_pool_f32";
+    shape(pool, hd * 4 <= SHARED_LIMIT, || {
+        format!("head_dim {hd} is too wide")
+    })?;
+    let f = gpu.function(FILE, pool)?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(block).min(65_535 * 8) as u32, 1, 1),
+        block_dim: (hd.next_multiple_of(32).min(1024) as u32, 1, 1),
+        shared_mem_bytes: (hd * 4) as u32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *pooled)
+        .arg(&*raw_keys)
+        .arg(k_norm)
+        .arg(step)
+        .arg(&r64)
+        .arg(&hd32)
+        .arg(&rot32)
+        .arg(&block32)
+        .arg(&eps)
+        .arg(&theta)
+        .arg(&blocks64);
+    // SAFETY: pooled holds `blocks` rows and raw_keys `capacity` rows of hd (checked above); the
+    // kernel pools only blocks below `blocks`, whose raw rows lie below the capacity; the dynamic
+    // shared memory is hd floats.
+    launched(pool, unsafe { b.launch(cfg) })?;
+
+    // 3. Scores of every complete block for every sparse row.
+    let score = "indexer_select_score_f32";
+    let mut tile = 64usize;
+    while tile > 1 && tile * (hd + 1) * 4 > SHARED_LIMIT {
+        tile /= 2;
+    }
+    shape(score, tile * (hd + 1) * 4 <= SHARED_LIMIT, || {
+        format!("head_dim {hd} is too wide")
+    })?;
+    let mut scores = gpu.zeros::<f32>((rows * blocks).max(1), score)?;
+    let f = gpu.function(FILE, score)?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.div_ceil(tile).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: (SCORE_THREADS as u32, 1, 1),
+        shared_mem_bytes: (tile * (hd + 1) * 4) as u32,
+    };
+    let (heads32, tile32) = (heads as i32, tile as i32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut scores)
+        .arg(q)
+        .arg(&*pooled)
+        .arg(step)
+        .arg(&r64)
+        .arg(&heads32)
+        .arg(&hd32)
+        .arg(&block32)
+        .arg(&keep32)
+        .arg(&blocks64)
+        .arg(&tile32);
+    // SAFETY: scores holds rows*blocks floats, q rows*heads*hd, pooled blocks*hd; the kernel
+    // indexes blocks below `blocks` only; SCORE_THREADS is a multiple of the power-of-two tile,
+    // whose rows (pitch hd+1) fit the dynamic shared memory given.
+    launched(score, unsafe { b.launch(cfg) })?;
+
+    // 4. Top-k per row into the selection.
+    let topk = "indexer_select_topk_f32";
+    let mut sel = gpu.zeros::<i32>(rows * (2 + keep), topk)?;
+    let f = gpu.function(FILE, topk)?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
+        block_dim: (TOPK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut sel)
+        .arg(&scores)
+        .arg(step)
+        .arg(&r64)
+        .arg(&block32)
+        .arg(&keep32)
+        .arg(&blocks64);
+    // SAFETY: sel holds rows*(2+keep) ints and scores rows*blocks floats; each row reads only
+    // its scores below min(complete, blocks), written by step 3 for every sparse row.
+    launched(topk, unsafe { b.launch(cfg) })?;
+    Ok(sel)
+}
+
+/// `Attention` (as `exec::cpu`): appends `k, v [rows, kv_heads*head_dim]` to rows
+/// `[start, start+rows)` of `k_cache`, `v_cache [capacity, kv_heads*head_dim]`, then for each
+/// row and head of `q [rows, heads*head_dim]` computes `softmax(q·K/sqrt(head_dim))·V` over the
+/// row's selected positions (`sel i32 [rows, 2 + keep]` from [`indexer_select`], whose sparse
+/// rows name blocks of `block` positions), query head h reading kv head h/(heads/kv_heads).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    sel: &CudaSlice<i32>,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    keep: usize,
+    block: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "attention_reference_f32";
+    one_step(kernel, step)?;
+    shape(
+        kernel,
+        rows > 0 && head_dim > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && block > 0,
+        || format!("rows {rows}, heads {heads}/{kv_heads}, head_dim {head_dim}, block {block}"),
+    )?;
+    let kw = kv_heads * head_dim;
+    shape(
+        kernel,
+        q.len() == rows * heads * head_dim
+            && k.len() == rows * kw
+            && v.len() == rows * kw
+            && sel.len() == rows * (2 + keep),
+        || {
+            format!(
+                "q {} values, k {}, v {}, selection {} for {rows} rows of {heads}/{kv_heads} \
+                 heads of {head_dim}, keep {keep}",
+                q.len(),
+                k.len(),
+                v.len(),
+                sel.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        k_cache.len() == capacity * kw && v_cache.len() == capacity * kw,
+        || {
+            format!(
+                "caches {} and {} values, want {capacity}x{kw}",
+                k_cache.len(),
+                v_cache.len()
+            )
+        },
+    )?;
+    shape(kernel, 2 * head_dim * 4 <= SHARED_LIMIT, || {
+        format!("head_dim {head_dim} is too wide")
+    })?;
+    append_rows(gpu, k_cache, k, rows, step, kw, capacity)?;
+    append_rows(gpu, v_cache, v, rows, step, kw, capacity)?;
+
+    let f = gpu.function(FILE, kernel)?;
+    let mut y = gpu.zeros::<f32>(q.len(), kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: ((rows * heads).min(i32::MAX as usize) as u32, 1, 1),
+        block_dim: (ATTN_CHUNK, 1, 1),
+        shared_mem_bytes: (2 * head_dim * 4) as u32,
+    };
+    let (r64, h32, kv32, hd32, block32, keep32, cap64) = (
+        rows as i64,
+        heads as i32,
+        kv_heads as i32,
+        head_dim as i32,
+        block as i32,
+        keep as i32,
+        capacity as i64,
+    );
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(q)
+        .arg(&*k_cache)
+        .arg(&*v_cache)
+        .arg(sel)
+        .arg(&r64)
+        .arg(&h32)
+        .arg(&kv32)
+        .arg(&hd32)
+        .arg(&block32)
+        .arg(&keep32)
+        .arg(&cap64);
+    // SAFETY: y and q hold rows*heads*head_dim floats, sel rows*(2+keep) ints, the caches
+    // capacity rows of kv_heads*head_dim; the kernel reads only cache rows below the capacity;
+    // the dynamic shared memory is 2*head_dim floats.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}

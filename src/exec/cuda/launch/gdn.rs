@@ -1,1 +1,201 @@
-//! (being written)
+//! Gated DeltaNet on the device (`kernels/gdn.cu`): the causal convolution with its window state
+//! (`ops::conv::causal_conv`), the gates and the recurrence (`ops::gdn`).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{grid_for, launched, shape};
+use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::error::CudaError;
+use crate::ops::gdn::GdnShape;
+
+/// Causal depthwise convolution of `x [rows, width]` with `w [width, kernel]`; `window
+/// [(kernel-1)*dilation, width]` holds the previous inputs (oldest first) and is updated in place
+/// to the last `(kernel-1)*dilation` rows of `window ++ x`.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_conv(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    window: &mut CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    kernel: usize,
+    dilation: usize,
+    silu: bool,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let name = "causal_conv_reference_f32";
+    shape(
+        name,
+        rows > 0 && kernel > 0 && dilation > 0 && x.len().is_multiple_of(rows) && !x.is_empty(),
+        || {
+            format!(
+                "x {} values, rows {rows}, kernel {kernel}, dilation {dilation}",
+                x.len()
+            )
+        },
+    )?;
+    let width = x.len() / rows;
+    let past = (kernel - 1) * dilation;
+    shape(
+        name,
+        window.len() == past * width && w.len() == width * kernel,
+        || {
+            format!(
+                "width {width}: window {} values for {past} rows, weight {} for kernel {kernel}",
+                window.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function("gdn.cu", name)?;
+    let n = rows * width;
+    let mut y = gpu.zeros::<f32>(n, name)?;
+    let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
+    let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
+    {
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut y)
+            .arg(x)
+            .arg(&*window)
+            .arg(w)
+            .arg(&r64)
+            .arg(&w64)
+            .arg(&k32)
+            .arg(&d32)
+            .arg(&s32);
+        // SAFETY: y and x hold rows*width floats, window past*width, w width*kernel (checked
+        // above); every ext row read is in [0, past + rows).
+        launched(name, unsafe { b.launch(grid_for(n, 256)) })?;
+    }
+    if past > 0 {
+        let name = "causal_conv_window_f32";
+        let f = gpu.function("gdn.cu", name)?;
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut *window).arg(x).arg(&r64).arg(&w64).arg(&p64);
+        // SAFETY: as above. Launched after the convolution on the same stream, so every read of
+        // the old window is done; within it, one thread per channel shifts rows in ascending
+        // order, reading only rows it has not yet overwritten.
+        launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
+    }
+    Ok(y)
+}
+
+/// `(beta, g)` for `b`, `a [rows, heads]`: `beta = sigmoid(b)`,
+/// `g = -exp(a_log) * softplus(a + dt_bias)` (torch's softplus, threshold 20).
+pub fn gdn_gates(
+    gpu: &Gpu,
+    b_in: &CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+    rows: usize,
+    heads: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>), CudaError> {
+    let name = "gdn_gates_reference_f32";
+    shape(
+        name,
+        rows > 0
+            && heads > 0
+            && b_in.len() == rows * heads
+            && a.len() == rows * heads
+            && a_log.len() == heads
+            && dt_bias.len() == heads,
+        || {
+            format!(
+                "rows {rows}, heads {heads}: b {}, a {}, A_log {}, dt_bias {} values",
+                b_in.len(),
+                a.len(),
+                a_log.len(),
+                dt_bias.len()
+            )
+        },
+    )?;
+    let f = gpu.function("gdn.cu", name)?;
+    let n = rows * heads;
+    let mut beta = gpu.zeros::<f32>(n, "gdn beta")?;
+    let mut g = gpu.zeros::<f32>(n, "gdn g")?;
+    let (n64, h32) = (n as i64, heads as i32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut beta)
+        .arg(&mut g)
+        .arg(b_in)
+        .arg(a)
+        .arg(a_log)
+        .arg(dt_bias)
+        .arg(&n64)
+        .arg(&h32);
+    // SAFETY: beta, g, b and a hold n floats; a_log and dt_bias are indexed modulo heads.
+    launched(name, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok((beta, g))
+}
+
+/// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with `beta`, `g`
+/// `[rows, Vh]`; `state [Vh, dk, dv]` is updated in place. Returns `o [rows, Vh*dv]`.
+pub fn gdn_recurrence(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    beta: &CudaSlice<f32>,
+    g: &CudaSlice<f32>,
+    state: &mut CudaSlice<f32>,
+    rows: usize,
+    s: &GdnShape,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let name = "gdn_recurrence_reference_f32";
+    // Must match GDN_COLS and GDN_MAX_THREADS in kernels/gdn.cu.
+    const COLS: usize = 32;
+    const MAX_DK: usize = 512;
+    let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
+    shape(
+        name,
+        rows > 0
+            && rows <= i32::MAX as usize
+            && kh > 0
+            && vh.is_multiple_of(kh)
+            && (1..=MAX_DK).contains(&dk)
+            && dv > 0
+            && vh <= 65_535
+            && dv.div_ceil(COLS) <= 65_535,
+        || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {MAX_DK}), dv {dv}, rows {rows}"),
+    )?;
+    let width = 2 * kh * dk + vh * dv;
+    shape(
+        name,
+        qkv.len() == rows * width
+            && beta.len() == rows * vh
+            && g.len() == rows * vh
+            && state.len() == vh * dk * dv,
+        || {
+            format!(
+                "rows {rows} of width {width}: qkv {}, beta {}, g {}, state {} values (want {})",
+                qkv.len(),
+                beta.len(),
+                g.len(),
+                state.len(),
+                vh * dk * dv
+            )
+        },
+    )?;
+    let f = gpu.function("gdn.cu", name)?;
+    let mut out = gpu.zeros::<f32>(rows * vh * dv, name)?;
+    let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (vh as u32, dv.div_ceil(COLS) as u32, 1),
+        block_dim: (dk.next_multiple_of(32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out)
+        .arg(&mut *state)
+        .arg(qkv)
+        .arg(beta)
+        .arg(g)
+        .arg(&r32)
+        .arg(&kh32)
+        .arg(&vh32)
+        .arg(&dk32)
+        .arg(&dv32);
+    // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h,
+    // columns [32c, 32c+32) ∩ [0, dv), and o's columns of the same; blockDim is 32*ceil(dk/32) ≤
+    // GDN_MAX_THREADS, so the kernel's shared arrays cover dk.
+    launched(name, unsafe { b.launch(cfg) })?;
+    Ok(out)
+}

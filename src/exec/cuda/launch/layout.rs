@@ -1,1 +1,506 @@
-//! (being written)
+//! Layout ops and the small fused ops around the trunk (`kernels/layout.cu`): stream repeats,
+//! slices, means and writes, the last row, the q/gate split, the hyper-connection read chain and
+//! injection gains, the fused SwiGLU projection, the gated RMS norm and the PLE gate. The
+//! references are `ops::{elementwise, hyper, linear::swiglu, norm::gated_rms_norm, ple::gate,
+//! attention::split_q_gate}`; activations are row-major f32 `[rows, width]`.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{grid_for, launched, shape, DeviceMatrix};
+use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::error::CudaError;
+
+const FILE: &str = "layout.cu";
+
+/// The most blocks a grid-strided launch asks for (as `grid_for`).
+const MAX_BLOCKS: usize = 65_535 * 8;
+
+/// Threads for a block that reduces over `n` values with `block_sum`: a multiple of 32, at most
+/// `cap` (≤ 1024).
+fn reduce_threads(n: usize, cap: usize) -> u32 {
+    n.next_multiple_of(32).clamp(32, cap) as u32
+}
+
+/// `[rows, H]` → `[rows, streams*H]` (`ops::elementwise::repeat_streams`).
+pub fn repeat_streams(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "repeat_streams_reference_f32";
+    shape(
+        kernel,
+        rows > 0 && streams > 0 && !x.is_empty() && x.len().is_multiple_of(rows),
+        || format!("x {} values, rows {rows}, streams {streams}", x.len()),
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let h = x.len() / rows;
+    let n = x.len() * streams;
+    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x).arg(&h64).arg(&s64).arg(&n64);
+    // SAFETY: y holds n = rows*streams*h floats; x is read at t*h + c < rows*h.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// Columns `[start, start+len)` of `x [rows, width]` (`ops::elementwise::slice_cols`).
+pub fn slice_cols(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    start: usize,
+    len: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "slice_reference_f32";
+    shape(
+        kernel,
+        rows > 0 && len > 0 && x.len().is_multiple_of(rows) && start + len <= x.len() / rows,
+        || {
+            format!(
+                "x {} values in {rows} rows, columns {start}..{}",
+                x.len(),
+                start + len
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let width = x.len() / rows;
+    let n = rows * len;
+    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let (w64, s64, l64, n64) = (width as i64, start as i64, len as i64, n as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x).arg(&w64).arg(&s64).arg(&l64).arg(&n64);
+    // SAFETY: y holds rows*len floats; x is read at t*width + start + c with start + c < width.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// `[rows, streams*H]` → `[rows, H]`: the sum over streams divided by their count
+/// (`ops::elementwise::stream_mean`).
+pub fn stream_mean(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "stream_mean_reference_f32";
+    shape(
+        kernel,
+        rows > 0
+            && streams > 0
+            && !x.is_empty()
+            && x.len().is_multiple_of(rows)
+            && (x.len() / rows).is_multiple_of(streams),
+        || format!("x {} values, rows {rows}, streams {streams}", x.len()),
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let h = x.len() / rows / streams;
+    let n = rows * h;
+    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x).arg(&h64).arg(&s64).arg(&n64);
+    // SAFETY: y holds rows*h floats; x is read below rows*streams*h == x.len().
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
+/// Hyper-connection write: `h [rows, streams*H]` with stream `s` of each row gaining
+/// `inj[row, s] * y[row]`, `inj [rows, streams]`, `y [rows, H]` (`ops::elementwise::hc_write`).
+pub fn hc_write(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    inj: &CudaSlice<f32>,
+    y: &CudaSlice<f32>,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "hc_write_reference_f32";
+    let ok_h = rows > 0
+        && streams > 0
+        && !h.is_empty()
+        && h.len().is_multiple_of(rows)
+        && (h.len() / rows).is_multiple_of(streams);
+    let hid = if ok_h { h.len() / rows / streams } else { 0 };
+    shape(
+        kernel,
+        ok_h && inj.len() == rows * streams && y.len() == rows * hid,
+        || {
+            format!(
+                "h {} values, inj {}, y {}, rows {rows}, streams {streams}",
+                h.len(),
+                inj.len(),
+                y.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let n = h.len();
+    let mut out = gpu.zeros::<f32>(n, kernel)?;
+    let (h64, s64, n64) = (hid as i64, streams as i64, n as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out)
+        .arg(h)
+        .arg(inj)
+        .arg(y)
+        .arg(&h64)
+        .arg(&s64)
+        .arg(&n64);
+    // SAFETY: out and h hold n = rows*streams*hid floats; inj is read below rows*streams and y
+    // below rows*hid, both checked above.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(out)
+}
+
+/// The last row of `x [rows, width]`, as `[1, width]` (a device-to-device copy; no kernel).
+pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "last_row";
+    shape(
+        kernel,
+        rows > 0 && !x.is_empty() && x.len().is_multiple_of(rows),
+        || format!("x {} values in {rows} rows", x.len()),
+    )?;
+    let width = x.len() / rows;
+    let mut y = gpu.zeros::<f32>(width, kernel)?;
+    gpu.stream
+        .memcpy_dtod(&x.slice((rows - 1) * width..), &mut y)
+        .map_err(|e| CudaError::driver("copying last_row", None, e))?;
+    Ok(y)
+}
+
+/// Splits the fused q projection `qg [rows, heads*2*head_dim]` (per head: `head_dim` query
+/// channels, then `head_dim` gate channels) into `q` and `gate`, each `[rows, heads*head_dim]`
+/// (`ops::attention::split_q_gate`).
+pub fn split_q_gate(
+    gpu: &Gpu,
+    qg: &CudaSlice<f32>,
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>), CudaError> {
+    let kernel = "split_q_gate_reference_f32";
+    shape(
+        kernel,
+        rows > 0 && heads > 0 && head_dim > 0 && qg.len() == rows * heads * 2 * head_dim,
+        || {
+            format!(
+                "qg {} values for {rows} rows of {heads} heads x 2 x {head_dim}",
+                qg.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let n = rows * heads * head_dim;
+    let mut q = gpu.zeros::<f32>(n, kernel)?;
+    let mut gate = gpu.zeros::<f32>(n, kernel)?;
+    let (hd64, n64) = (head_dim as i64, n as i64);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut q).arg(&mut gate).arg(qg).arg(&hd64).arg(&n64);
+    // SAFETY: q and gate hold n floats; qg is read below (n/hd)*2*hd == qg.len().
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok((q, gate))
+}
+
+/// The fused hyper-connection read chain (`ops::hyper::hc_mix`): for each row of
+/// `hn [rows, streams*H]`, `mean_s(sigmoid(silu(hn·downᵀ / C)·upᵀ) * hn)` with
+/// `down [R, streams*H]`, `up [streams*H, R]` (both f32 or both bf16). One block per row; the
+/// R activations are kept in shared memory.
+pub fn hc_mix(
+    gpu: &Gpu,
+    hn: &CudaSlice<f32>,
+    down: &DeviceMatrix,
+    up: &DeviceMatrix,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match down {
+        DeviceMatrix::F32(_) => "hc_mix_reference_f32",
+        DeviceMatrix::Bf16(_) => "hc_mix_reference_bf16",
+    };
+    shape(
+        kernel,
+        matches!(
+            (down, up),
+            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
+                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
+        ),
+        || "down and up have different dtypes".to_string(),
+    )?;
+    let width = hn.len().checked_div(rows).unwrap_or(0);
+    let rank = down.len().checked_div(width).unwrap_or(0);
+    // The activations live in shared memory: at most 48 KiB without opting in to more.
+    const MAX_RANK: usize = 48 * 1024 / 4;
+    shape(
+        kernel,
+        rows > 0
+            && streams > 0
+            && width > 0
+            && hn.len() == rows * width
+            && width.is_multiple_of(streams)
+            && rank > 0
+            && rank <= MAX_RANK
+            && down.len() == rank * width
+            && up.len() == width * rank,
+        || {
+            format!(
+                "hn {} values, rows {rows}, streams {streams}, down {} and up {} values \
+                 (want [R, width] and [width, R], R at most {MAX_RANK})",
+                hn.len(),
+                down.len(),
+                up.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let hid = width / streams;
+    let mut y = gpu.zeros::<f32>(rows * hid, kernel)?;
+    let (r64, s64, h64, k64) = (rows as i64, streams as i64, hid as i64, rank as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (rows.min(MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (512, 1, 1),
+        shared_mem_bytes: (rank * 4) as u32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(hn);
+    match (down, up) {
+        (DeviceMatrix::F32(d), DeviceMatrix::F32(u)) => b.arg(d).arg(u),
+        (DeviceMatrix::Bf16(d), DeviceMatrix::Bf16(u)) => b.arg(d).arg(u),
+        _ => unreachable!("dtypes checked above"),
+    };
+    b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
+    // SAFETY: hn is rows*width, down rank*width, up width*rank, y rows*hid, all checked above;
+    // the block has rank floats of dynamic shared memory for the activations.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// Hyper-connection injection gains (`ops::hyper::hc_inject`): `2 * sigmoid(hn·wᵀ / C)`,
+/// `hn [rows, streams*H]`, `w [streams, streams*H]` → `[rows, streams]`. One warp per gain.
+pub fn hc_inject(
+    gpu: &Gpu,
+    hn: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match w {
+        DeviceMatrix::F32(_) => "hc_inject_reference_f32",
+        DeviceMatrix::Bf16(_) => "hc_inject_reference_bf16",
+    };
+    let width = hn.len().checked_div(rows).unwrap_or(0);
+    shape(
+        kernel,
+        rows > 0
+            && streams > 0
+            && width > 0
+            && hn.len() == rows * width
+            && width.is_multiple_of(streams)
+            && w.len() == streams * width,
+        || {
+            format!(
+                "hn {} values, rows {rows}, streams {streams}, weight {} values",
+                hn.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let outputs = rows * streams;
+    let mut y = gpu.zeros::<f32>(outputs, kernel)?;
+    let (r64, s64, w64) = (rows as i64, streams as i64, width as i64);
+    const WARPS: usize = 8;
+    let cfg = LaunchConfig {
+        grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(hn);
+    match w {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+    b.arg(&r64).arg(&s64).arg(&w64);
+    // SAFETY: hn is rows*width, w streams*width, y rows*streams, all checked above.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// Fused expert gate/up (`ops::linear::swiglu`): `silu(x·Wgᵀ) * (x·Wuᵀ)` for `x [rows, k]`,
+/// `Wg, Wu [n, k]` (both f32 or both bf16). One warp per output row, every token in the warp,
+/// both dot products in the same pass over x, as `linear_rows`.
+pub fn swiglu(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    wg: &DeviceMatrix,
+    wu: &DeviceMatrix,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match wg {
+        DeviceMatrix::F32(_) => "swiglu_linear_reference_f32",
+        DeviceMatrix::Bf16(_) => "swiglu_linear_reference_bf16",
+    };
+    shape(
+        kernel,
+        matches!(
+            (wg, wu),
+            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
+                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
+        ),
+        || "gate and up weights have different dtypes".to_string(),
+    )?;
+    shape(
+        kernel,
+        rows > 0 && k > 0 && n > 0 && x.len() == rows * k && wg.len() == n * k && wu.len() == n * k,
+        || {
+            format!(
+                "x {} values for {rows}x{k}, gate {} and up {} values for {n}x{k}",
+                x.len(),
+                wg.len(),
+                wu.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let mut y = gpu.zeros::<f32>(rows * n, kernel)?;
+    let (t64, k64, n64) = (rows as i64, k as i64, n as i64);
+    const WARPS: usize = 8;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x);
+    match (wg, wu) {
+        (DeviceMatrix::F32(g), DeviceMatrix::F32(u)) => b.arg(g).arg(u),
+        (DeviceMatrix::Bf16(g), DeviceMatrix::Bf16(u)) => b.arg(g).arg(u),
+        _ => unreachable!("dtypes checked above"),
+    };
+    b.arg(&t64).arg(&k64).arg(&n64);
+    // SAFETY: x is rows*k, wg and wu n*k, y rows*n, all checked above; 16-byte loads are used
+    // only when k and the base addresses allow (checked in the kernel).
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// GDN output norm (`ops::norm::gated_rms_norm`): per head of `head_dim`,
+/// `w * rms(x) * act(gate)` with plain `w` (not `1 + w`); `act` is sigmoid when `sigmoid`, else
+/// silu. `w` has `head_dim` entries (shared by the heads) or one per channel.
+pub fn gated_rms_norm(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    gate: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    head_dim: usize,
+    sigmoid: bool,
+    eps: f32,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "gated_rms_norm_reference_f32";
+    shape(
+        kernel,
+        head_dim > 0
+            && !x.is_empty()
+            && x.len().is_multiple_of(head_dim)
+            && gate.len() == x.len()
+            && !w.is_empty()
+            && (w.len() == head_dim || x.len().is_multiple_of(w.len())),
+        || {
+            format!(
+                "x {} values, gate {}, head_dim {head_dim}, weight {}",
+                x.len(),
+                gate.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let groups = x.len() / head_dim;
+    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let (g64, hd64, wl64, sig) = (
+        groups as i64,
+        head_dim as i64,
+        w.len() as i64,
+        sigmoid as i32,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (groups.min(MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (reduce_threads(head_dim, 1024), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(x)
+        .arg(gate)
+        .arg(w)
+        .arg(&g64)
+        .arg(&hd64)
+        .arg(&wl64)
+        .arg(&sig)
+        .arg(&eps);
+    // SAFETY: groups*head_dim == x.len() == gate.len() == y.len(); w is indexed below head_dim
+    // when that is its length, else modulo its length.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// PLE gate (`ops::ple::gate`): for each row and stream `s`,
+/// `sigmoid(ssqrt(<key_s, query_s> / sqrt(H))) * value`, with `key, query [rows, streams*H]`,
+/// `value [rows, H]` and `ssqrt(g) = sign(g) * sqrt(max(|g|, 1e-6))`. One block per (row, stream).
+pub fn ple_gate(
+    gpu: &Gpu,
+    key: &CudaSlice<f32>,
+    query: &CudaSlice<f32>,
+    value: &CudaSlice<f32>,
+    rows: usize,
+    streams: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = "ple_gate_reference_f32";
+    let ok_key = rows > 0
+        && streams > 0
+        && !key.is_empty()
+        && key.len().is_multiple_of(rows)
+        && (key.len() / rows).is_multiple_of(streams);
+    let h = if ok_key {
+        key.len() / rows / streams
+    } else {
+        0
+    };
+    shape(
+        kernel,
+        ok_key && query.len() == key.len() && value.len() == rows * h,
+        || {
+            format!(
+                "key {} values, query {}, value {}, rows {rows}, streams {streams}",
+                key.len(),
+                query.len(),
+                value.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let groups = rows * streams;
+    let mut y = gpu.zeros::<f32>(key.len(), kernel)?;
+    let (r64, s64, h64) = (rows as i64, streams as i64, h as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (groups.min(MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (reduce_threads(h, 256), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y)
+        .arg(key)
+        .arg(query)
+        .arg(value)
+        .arg(&r64)
+        .arg(&s64)
+        .arg(&h64);
+    // SAFETY: key, query and y hold rows*streams*h floats, value rows*h, all checked above.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}

@@ -1,0 +1,148 @@
+// Gated DeltaNet: the causal depthwise convolution with its window state (src/ops/conv.rs is the
+// reference), the gates and the delta-rule recurrence (src/ops/gdn.rs is the reference).
+#include "common.cuh"
+
+#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+// y[t, c] = Σ_j w[c, j] · ext[past + t - (K-1-j)·dilation, c], ext = the window's `past` rows (oldest
+// first) followed by the `rows` rows of x; past = (K-1)·dilation. One thread per output value. The
+// window is only read here: `causal_conv_window_f32`, launched after this kernel on the same stream,
+// shifts it.
+extern "C" __global__ void causal_conv_reference_f32(float* y, const float* x, const float* window, const float* w,
+                                                     long rows, long width, int kernel, int dilation, int silu) {
+    const long past = (long)(kernel - 1) * dilation;
+    GRID_STRIDE(i, rows * width) {
+        const long t = i / width, c = i - t * width;
+        float acc = 0.0f;
+        for (int j = 0; j < kernel; j++) {
+            const long r = past + t - (long)(kernel - 1 - j) * dilation;  // row of ext, >= 0
+            const float v = r < past ? window[r * width + c] : x[(r - past) * width + c];
+            acc += w[c * kernel + j] * v;
+        }
+        y[i] = silu ? silu_f32(acc) : acc;
+    }
+}
+
+// After the step the window holds the last `past` rows of ext: row p becomes ext row rows + p. One
+// thread per channel, rows in ascending order, so a window row still to be read (rows + p > p) has
+// not been overwritten yet, and no other thread touches this channel.
+extern "C" __global__ void causal_conv_window_f32(float* window, const float* x, long rows, long width, long past) {
+    GRID_STRIDE(c, width) {
+        for (long p = 0; p < past; p++) {
+            const long r = rows + p;
+            window[p * width + c] = r < past ? window[r * width + c] : x[(r - past) * width + c];
+        }
+    }
+}
+
+// torch's softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias), over n = rows · heads values.
+extern "C" __global__ void gdn_gates_reference_f32(float* beta, float* g, const float* b, const float* a,
+                                                   const float* a_log, const float* dt_bias, long n, int heads) {
+    GRID_STRIDE(i, n) {
+        const long h = i % heads;
+        beta[i] = sigmoid_f32(b[i]);
+        g[i] = -expf(a_log[h]) * softplus_f32(a[i] + dt_bias[h]);
+    }
+}
+
+// The delta-rule recurrence. One block per (value head, group of GDN_COLS state columns); warp w
+// holds rows [GDN_ROWS·w, GDN_ROWS·(w+1)) of the head's dk x dv state for its columns in registers
+// (lane = column; the row loops are unrolled, so the register array is only indexed by constants).
+// blockDim.x = 32 · ceil(dk / 32) ≤ GDN_MAX_THREADS. Per token:
+//   q, k of the key head l2-normalised into shared memory (q also scaled by 1/sqrt(dk));
+//   S *= exp(g); u = (v - Sᵀk) · beta; S += k ⊗ u; o = Sᵀq,
+// the column sums over the rows reduced across warps through shared memory.
+#define GDN_COLS 32
+#define GDN_ROWS 32
+#define GDN_MAX_THREADS 512
+#define GDN_MAX_WARPS (GDN_MAX_THREADS / 32)
+
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
+    gdn_recurrence_reference_f32(float* out, float* state, const float* qkv, const float* beta, const float* g,
+                                 int rows, int key_heads, int value_heads, int dk, int dv) {
+    __shared__ float qs[GDN_MAX_THREADS], ks[GDN_MAX_THREADS];
+    __shared__ float sum_q[GDN_MAX_WARPS], sum_k[GDN_MAX_WARPS];
+    __shared__ float part_kv[GDN_MAX_WARPS][GDN_COLS], part_o[GDN_MAX_WARPS][GDN_COLS];
+
+    const int h = blockIdx.x;
+    const int kh = h / (value_heads / key_heads);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int j = blockIdx.y * GDN_COLS + lane;
+    const bool col = j < dv;
+    const int row0 = warp * GDN_ROWS;
+    const long key_dim = (long)key_heads * dk;
+    const long width = 2 * key_dim + (long)value_heads * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float* S = state + (long)h * dk * dv;
+
+    float s[GDN_ROWS];
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS; r++) s[r] = (col && row0 + r < dk) ? S[(long)(row0 + r) * dv + j] : 0.0f;
+
+    for (int t = 0; t < rows; t++) {
+        const float* row = qkv + t * width;
+        // 1. Sums of squares of q and k: thread tid holds channel tid of each.
+        const float qv = tid < dk ? row[kh * dk + tid] : 0.0f;
+        const float kv = tid < dk ? row[key_dim + kh * dk + tid] : 0.0f;
+        const float wq = warp_sum(qv * qv), wk = warp_sum(kv * kv);
+        if (lane == 0) {
+            sum_q[warp] = wq;
+            sum_k[warp] = wk;
+        }
+        __syncthreads();
+        float tq = 0.0f, tk = 0.0f;
+        for (int w = 0; w < warps; w++) {
+            tq += sum_q[w];
+            tk += sum_k[w];
+        }
+        const float inv_q = 1.0f / sqrtf(tq + 1e-6f), inv_k = 1.0f / sqrtf(tk + 1e-6f);
+        if (tid < dk) {
+            qs[tid] = qv * inv_q * scale;
+            ks[tid] = kv * inv_k;
+        }
+        __syncthreads();
+        // 2. Decay, and this warp's share of (Sᵀk)_j.
+        const float decay = expf(g[(long)t * value_heads + h]);
+        const float b = beta[(long)t * value_heads + h];
+        float p = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++) {
+            if (row0 + r < dk) {
+                s[r] *= decay;
+                p += s[r] * ks[row0 + r];
+            }
+        }
+        part_kv[warp][lane] = p;
+        __syncthreads();
+        // 3. u_j, the rank-1 update, and this warp's share of o_j = (Sᵀq)_j.
+        float sk = 0.0f;
+        for (int w = 0; w < warps; w++) sk += part_kv[w][lane];
+        const float u = col ? (row[2 * key_dim + (long)h * dv + j] - sk) * b : 0.0f;
+        float o = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++) {
+            if (row0 + r < dk) {
+                s[r] += ks[row0 + r] * u;
+                o += s[r] * qs[row0 + r];
+            }
+        }
+        part_o[warp][lane] = o;
+        __syncthreads();
+        // 4. Warp 0 writes o. Every shared buffer is written again only past a barrier that follows
+        // all reads of it: sum_* (read before barrier 2) next before barrier 1 of the next token,
+        // qs/ks (read before barrier 4) and part_kv (before 4) after the next barrier 1, part_o
+        // (read here) after the next barrier 3.
+        if (warp == 0 && col) {
+            float acc = 0.0f;
+            for (int w = 0; w < warps; w++) acc += part_o[w][lane];
+            out[(long)t * value_heads * dv + (long)h * dv + j] = acc;
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS; r++)
+        if (col && row0 + r < dk) S[(long)(row0 + r) * dv + j] = s[r];
+}

@@ -1,0 +1,316 @@
+// Layout and small fused ops around the trunk (the references: src/ops/elementwise.rs,
+// src/ops/hyper.rs, src/ops/linear.rs `swiglu`, src/ops/norm.rs `gated_rms_norm`, src/ops/ple.rs
+// `gate`, src/ops/attention.rs `split_q_gate`). Activations are row-major f32 [rows, width];
+// weights f32 or bf16 bits. Every index is a `long`; every kernel strides over its grid.
+#include "common.cuh"
+
+#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+// Weight loads: N consecutive weights as f32, chunk i (weights i*N .. i*N+N-1), one 16-byte load.
+template <typename W>
+struct WeightVec;
+
+template <>
+struct WeightVec<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ float one(const float* w, long i) { return w[i]; }
+    static __device__ __forceinline__ void chunk(const float* w, long i, float* out) {
+        const float4 v = reinterpret_cast<const float4*>(w)[i];
+        out[0] = v.x;
+        out[1] = v.y;
+        out[2] = v.z;
+        out[3] = v.w;
+    }
+};
+
+template <>
+struct WeightVec<bf16_t> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ float one(const bf16_t* w, long i) { return bf16_to_f32(w[i]); }
+    static __device__ __forceinline__ void chunk(const bf16_t* w, long i, float* out) {
+        const uint4 p = reinterpret_cast<const uint4*>(w)[i];
+        const unsigned int words[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            out[2 * j] = __uint_as_float(words[j] << 16);
+            out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        }
+    }
+};
+
+// N consecutive f32 activations, chunk i, as N/4 16-byte loads.
+template <int N>
+__device__ __forceinline__ void act_chunk(const float* a, long i, float* out) {
+    const float4* a4 = reinterpret_cast<const float4*>(a + i * N);
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+        const float4 v = a4[j];
+        out[4 * j] = v.x;
+        out[4 * j + 1] = v.y;
+        out[4 * j + 2] = v.z;
+        out[4 * j + 3] = v.w;
+    }
+}
+
+// One lane's share of the dot product a·w over n values (to be reduced with warp_sum).
+template <typename W>
+__device__ __forceinline__ float lane_dot(const float* a, const W* w, long n, int lane) {
+    constexpr int N = WeightVec<W>::N;
+    float acc = 0.0f;
+    if (n % N == 0 && aligned16(a) && aligned16(w)) {
+        for (long i = lane; i < n / N; i += 32) {
+            float wv[N], av[N];
+            WeightVec<W>::chunk(w, i, wv);
+            act_chunk<N>(a, i, av);
+#pragma unroll
+            for (int j = 0; j < N; j++) acc += av[j] * wv[j];
+        }
+    } else {
+        for (long i = lane; i < n; i += 32) acc += a[i] * WeightVec<W>::one(w, i);
+    }
+    return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure layout.
+
+// [rows, h] -> [rows, streams*h]: every stream a copy of the row.
+extern "C" __global__ void repeat_streams_reference_f32(float* y, const float* x, long h, long streams, long n) {
+    const long width = h * streams;
+    GRID_STRIDE(i, n) {
+        const long t = i / width, c = (i % width) % h;
+        y[i] = x[t * h + c];
+    }
+}
+
+// Columns [start, start+len) of x [rows, width]; n = rows*len.
+extern "C" __global__ void slice_reference_f32(float* y, const float* x, long width, long start, long len, long n) {
+    GRID_STRIDE(i, n) {
+        const long t = i / len, c = i % len;
+        y[i] = x[t * width + start + c];
+    }
+}
+
+// [rows, streams*h] -> [rows, h]: the sum over streams (in stream order) divided by their count.
+extern "C" __global__ void stream_mean_reference_f32(float* y, const float* x, long h, long streams, long n) {
+    GRID_STRIDE(i, n) {
+        const long t = i / h, c = i % h;
+        const float* row = x + t * h * streams;
+        float sum = 0.0f;
+        for (long s = 0; s < streams; s++) sum += row[s * h + c];
+        y[i] = sum / (float)streams;
+    }
+}
+
+// out = h, with stream s of each row gaining inj[row, s] * y[row]; n = rows*streams*hid.
+// The product is rounded before the add (no FMA), as the reference.
+extern "C" __global__ void hc_write_reference_f32(float* out, const float* h, const float* inj, const float* y, long hid,
+                                                  long streams, long n) {
+    const long width = hid * streams;
+    GRID_STRIDE(i, n) {
+        const long t = i / width, ch = i % width;
+        const long s = ch / hid, c = ch % hid;
+        out[i] = h[i] + __fmul_rn(inj[t * streams + s], y[t * hid + c]);
+    }
+}
+
+// qg [rows, heads * 2 * hd] (per head: hd query channels, then hd gate channels) ->
+// q, gate [rows, heads * hd]; n = rows*heads*hd.
+extern "C" __global__ void split_q_gate_reference_f32(float* q, float* gate, const float* qg, long hd, long n) {
+    GRID_STRIDE(i, n) {
+        const long head = i / hd, c = i % hd;
+        const float* src = qg + head * 2 * hd;
+        q[i] = src[c];
+        gate[i] = src[hd + c];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hyper-connections (src/ops/hyper.rs).
+
+// hc_mix: for each row of hn [rows, streams*hid], with down [rank, streams*hid] and
+// up [streams*hid, rank]:
+//   act[r] = silu(hn·down[r] / streams)                      (phase 1: a warp per r)
+//   y[c]   = sum_s sigmoid(act·up[s*hid + c]) * hn[s*hid + c] / streams   (phase 2: a warp per c)
+// One block per row (grid-strided); act lives in dynamic shared memory (rank floats).
+extern __shared__ float hc_mix_act[];
+
+template <typename W>
+__device__ __forceinline__ void hc_mix(float* y, const float* hn, const W* down, const W* up, long rows, long streams,
+                                       long hid, long rank) {
+    const long width = streams * hid;
+    const int lane = threadIdx.x & 31;
+    const long warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float* act = hc_mix_act;
+    for (long t = blockIdx.x; t < rows; t += gridDim.x) {
+        const float* row = hn + t * width;
+        for (long r = warp; r < rank; r += warps) {
+            const float d = warp_sum(lane_dot(row, down + r * width, width, lane));
+            if (lane == 0) act[r] = silu_f32(d / (float)streams);
+        }
+        __syncthreads();
+        for (long c = warp; c < hid; c += warps) {
+            float sum = 0.0f;
+            for (long s = 0; s < streams; s++) {
+                const long ch = s * hid + c;
+                const float gate = sigmoid_f32(warp_sum(lane_dot(act, up + ch * rank, rank, lane)));
+                sum += gate * row[ch];
+            }
+            if (lane == 0) y[t * hid + c] = sum / (float)streams;
+        }
+        __syncthreads();  // act is rewritten for the next row
+    }
+}
+
+extern "C" __global__ void hc_mix_reference_f32(float* y, const float* hn, const float* down, const float* up, long rows,
+                                                long streams, long hid, long rank) {
+    hc_mix<float>(y, hn, down, up, rows, streams, hid, rank);
+}
+
+extern "C" __global__ void hc_mix_reference_bf16(float* y, const float* hn, const bf16_t* down, const bf16_t* up,
+                                                 long rows, long streams, long hid, long rank) {
+    hc_mix<bf16_t>(y, hn, down, up, rows, streams, hid, rank);
+}
+
+// hc_inject: out [rows, streams], out[t, s] = 2 * sigmoid(hn[t]·w[s] / streams), w [streams, width].
+// One warp per output.
+template <typename W>
+__device__ __forceinline__ void hc_inject(float* out, const float* hn, const W* w, long rows, long streams, long width) {
+    const int lane = threadIdx.x & 31;
+    const long warps = blockDim.x >> 5;
+    const long outputs = rows * streams;
+    for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < outputs; o += (long)gridDim.x * warps) {
+        const long t = o / streams, s = o % streams;
+        const float d = warp_sum(lane_dot(hn + t * width, w + s * width, width, lane));
+        if (lane == 0) out[o] = 2.0f * sigmoid_f32(d / (float)streams);
+    }
+}
+
+extern "C" __global__ void hc_inject_reference_f32(float* out, const float* hn, const float* w, long rows, long streams,
+                                                   long width) {
+    hc_inject<float>(out, hn, w, rows, streams, width);
+}
+
+extern "C" __global__ void hc_inject_reference_bf16(float* out, const float* hn, const bf16_t* w, long rows,
+                                                    long streams, long width) {
+    hc_inject<bf16_t>(out, hn, w, rows, streams, width);
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu_linear: y [tokens, n] = silu(x·Wgᵀ) * (x·Wuᵀ), x [tokens, k], Wg, Wu [n, k].
+// As linear_rows: one warp per output row r, every token in the same warp (MAX_TOKENS at a time),
+// both weight rows read in the same pass.
+
+#define SWIGLU_MAX_TOKENS 8
+
+template <typename W>
+__device__ __forceinline__ void swiglu_linear(float* y, const float* x, const W* wg, const W* wu, long tokens, long k,
+                                              long n) {
+    constexpr int N = WeightVec<W>::N;
+    const long warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const bool vec = k % N == 0 && aligned16(x) && aligned16(wg) && aligned16(wu);
+    for (long r = blockIdx.x * warps + (threadIdx.x >> 5); r < n; r += (long)gridDim.x * warps) {
+        const W* gr = wg + r * k;
+        const W* ur = wu + r * k;
+        for (long t0 = 0; t0 < tokens; t0 += SWIGLU_MAX_TOKENS) {
+            const long nt = min((long)SWIGLU_MAX_TOKENS, tokens - t0);
+            float g[SWIGLU_MAX_TOKENS], u[SWIGLU_MAX_TOKENS];
+#pragma unroll
+            for (int t = 0; t < SWIGLU_MAX_TOKENS; t++) g[t] = u[t] = 0.0f;
+            if (vec) {
+                for (long i = lane; i < k / N; i += 32) {
+                    float gv[N], uv[N];
+                    WeightVec<W>::chunk(gr, i, gv);
+                    WeightVec<W>::chunk(ur, i, uv);
+#pragma unroll
+                    for (int t = 0; t < SWIGLU_MAX_TOKENS; t++) {
+                        if (t < nt) {
+                            float xv[N];
+                            act_chunk<N>(x + (t0 + t) * k, i, xv);
+#pragma unroll
+                            for (int j = 0; j < N; j++) {
+                                g[t] += xv[j] * gv[j];
+                                u[t] += xv[j] * uv[j];
+                            }
+                        }
+                    }
+                }
+            } else {
+                for (long i = lane; i < k; i += 32) {
+                    const float gi = WeightVec<W>::one(gr, i), ui = WeightVec<W>::one(ur, i);
+#pragma unroll
+                    for (int t = 0; t < SWIGLU_MAX_TOKENS; t++) {
+                        if (t < nt) {
+                            const float xi = x[(t0 + t) * k + i];
+                            g[t] += xi * gi;
+                            u[t] += xi * ui;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < SWIGLU_MAX_TOKENS; t++) {
+                const float gs = warp_sum(g[t]), us = warp_sum(u[t]);
+                if (lane == 0 && t < nt) y[(t0 + t) * n + r] = silu_f32(gs) * us;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void swiglu_linear_reference_f32(float* y, const float* x, const float* wg, const float* wu,
+                                                       long tokens, long k, long n) {
+    swiglu_linear<float>(y, x, wg, wu, tokens, k, n);
+}
+
+extern "C" __global__ void swiglu_linear_reference_bf16(float* y, const float* x, const bf16_t* wg, const bf16_t* wu,
+                                                        long tokens, long k, long n) {
+    swiglu_linear<bf16_t>(y, x, wg, wu, tokens, k, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gated_rms_norm: per group (head) of `group` channels, y = x * rsqrt(mean(x²) + eps) * w * act(gate),
+// plain w (not 1 + w); act = sigmoid when `use_sigmoid`, else silu. w has `w_len` entries: one per
+// group channel (shared by the groups), or indexed modulo its length as the reference.
+// One block per group (grid-strided).
+extern "C" __global__ void gated_rms_norm_reference_f32(float* y, const float* x, const float* gate, const float* w,
+                                                        long groups, long group, long w_len, int use_sigmoid,
+                                                        float eps) {
+    for (long g = blockIdx.x; g < groups; g += gridDim.x) {
+        const float* xs = x + g * group;
+        float ss = 0.0f;
+        for (long c = threadIdx.x; c < group; c += blockDim.x) ss += xs[c] * xs[c];
+        const float inv = 1.0f / sqrtf(block_sum(ss) / (float)group + eps);
+        for (long c = threadIdx.x; c < group; c += blockDim.x) {
+            const long i = g * group + c;
+            const float wi = w_len == group ? w[c] : w[i % w_len];
+            const float a = use_sigmoid ? sigmoid_f32(gate[i]) : silu_f32(gate[i]);
+            y[i] = xs[c] * inv * wi * a;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ple_gate: key, query [rows, streams*h], value [rows, h] -> out [rows, streams*h]:
+// out[t, s, c] = sigmoid(ssqrt(<key_ts, query_ts> / sqrt(h))) * value[t, c], where
+// ssqrt(g) = sign(g) * sqrt(max(|g|, 1e-6)) and sign(0) = 0. One block per (row, stream).
+extern "C" __global__ void ple_gate_reference_f32(float* out, const float* key, const float* query, const float* value,
+                                                  long rows, long streams, long h) {
+    const long groups = rows * streams;
+    for (long gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+        const long t = gi / streams;
+        const long base = gi * h;  // = t*streams*h + s*h
+        float p = 0.0f;
+        for (long c = threadIdx.x; c < h; c += blockDim.x) p += key[base + c] * query[base + c];
+        const float g = block_sum(p) / sqrtf((float)h);
+        // g itself when it is zero (sign(0) = 0) or NaN (as the reference's signum).
+        const float root = sqrtf(fmaxf(fabsf(g), 1e-6f));
+        const float signed_root = g > 0.0f ? root : (g < 0.0f ? -root : g);
+        const float gain = sigmoid_f32(signed_root);
+        for (long c = threadIdx.x; c < h; c += blockDim.x) out[base + c] = gain * value[t * h + c];
+    }
+}

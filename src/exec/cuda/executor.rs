@@ -1,0 +1,633 @@
+//! The CUDA executor: runs the same lowered programs as `exec::cpu`, every op as a kernel on one
+//! stream. Weights are uploaded once ([`DeviceWeights`]); a sequence's state lives on the device
+//! ([`DeviceState`], `Append` states preallocated to a capacity); the step's start position is a
+//! device value that kernels read. Values are freed at their last use (`memplan`).
+//!
+//! This first version launches eagerly and allocates per value; the arena and CUDA-graph capture
+//! come next (docs/cuda-plan.md).
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaSlice;
+
+use crate::ir::{GateActivation, Op, Program, StateKind, WeightClass};
+use crate::ops::gdn::GdnShape;
+use crate::ops::indexer::IndexerShape;
+use crate::weights::Weights;
+
+use super::device::Gpu;
+use super::error::CudaError;
+use super::launch::{self, attention, gdn, layout, moe, DeviceMatrix};
+
+/// Op kinds whose weights are matrices read by the matrix kernels (stored bf16 when the
+/// checkpoint is bf16); every other weight is a small f32 vector.
+const MATRIX_OPS: &[&str] = &[
+    "linear",
+    "swiglu_linear",
+    "hc_mix",
+    "hc_inject",
+    "moe_experts",
+    "embed",
+];
+
+/// A model's weights on the device.
+pub struct DeviceWeights {
+    matrices: HashMap<String, DeviceMatrix>,
+    vectors: HashMap<String, CudaSlice<f32>>,
+    /// PLE hash tables per table index: multipliers, sizes, offsets.
+    ple: Vec<[CudaSlice<i64>; 3]>,
+    pub bytes: usize,
+}
+
+impl DeviceWeights {
+    /// Uploads every weight `program` uses; matrices as bf16 when `bf16` (exact when the
+    /// checkpoint was bf16: the host copies are its values widened).
+    pub fn upload(
+        gpu: &Gpu,
+        program: &Program,
+        weights: &Weights,
+        bf16: bool,
+    ) -> Result<DeviceWeights, CudaError> {
+        let mut dw = DeviceWeights {
+            matrices: HashMap::new(),
+            vectors: HashMap::new(),
+            ple: Vec::new(),
+            bytes: 0,
+        };
+        let mut matrix_names = std::collections::HashSet::new();
+        for node in &program.nodes {
+            if MATRIX_OPS.contains(&node.op.kind()) {
+                matrix_names.extend(node.weights.iter().cloned());
+            }
+        }
+        for info in program
+            .weights
+            .iter()
+            .filter(|w| w.class == WeightClass::Float)
+        {
+            let Some(t) = weights.get(&info.name) else {
+                continue;
+            };
+            if matrix_names.contains(&info.name) {
+                let m = if bf16 {
+                    let bits: Vec<u16> = t
+                        .data
+                        .iter()
+                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .collect();
+                    dw.bytes += bits.len() * 2;
+                    DeviceMatrix::Bf16(gpu.upload(&bits, &info.name)?)
+                } else {
+                    dw.bytes += t.data.len() * 4;
+                    DeviceMatrix::F32(gpu.upload(&t.data, &info.name)?)
+                };
+                dw.matrices.insert(info.name.clone(), m);
+            } else {
+                dw.bytes += t.data.len() * 4;
+                dw.vectors
+                    .insert(info.name.clone(), gpu.upload(&t.data, &info.name)?);
+            }
+        }
+        for t in &program.consts.ple_tables {
+            dw.ple.push([
+                gpu.upload(&t.multipliers, "PLE multipliers")?,
+                gpu.upload(&t.head_sizes, "PLE head sizes")?,
+                gpu.upload(&t.head_offsets, "PLE head offsets")?,
+            ]);
+        }
+        Ok(dw)
+    }
+
+    fn matrix(&self, name: &str) -> Result<&DeviceMatrix, CudaError> {
+        self.matrices.get(name).ok_or_else(|| missing(name))
+    }
+
+    fn vector(&self, name: &str) -> Result<&CudaSlice<f32>, CudaError> {
+        self.vectors.get(name).ok_or_else(|| missing(name))
+    }
+}
+
+fn missing(name: &str) -> CudaError {
+    CudaError::Driver {
+        doing: format!("finding weight `{name}` on the device"),
+        msg: "not uploaded".into(),
+    }
+}
+
+enum DevState {
+    F32(CudaSlice<f32>),
+    I64(CudaSlice<i64>),
+}
+
+/// One sequence's state on the device.
+pub struct DeviceState {
+    bufs: HashMap<String, DevState>,
+    pub position: usize,
+    /// Rows every `Append` state can hold (the longest context of this session).
+    pub capacity: usize,
+}
+
+impl DeviceState {
+    pub fn new(capacity: usize) -> DeviceState {
+        DeviceState {
+            bufs: HashMap::new(),
+            position: 0,
+            capacity,
+        }
+    }
+
+    fn ensure(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
+        let eos = program.consts.ple_eos.unwrap_or(0);
+        for s in &program.states {
+            if self.bufs.contains_key(&s.name) {
+                continue;
+            }
+            let buf = match &s.kind {
+                StateKind::Window { rows, width } => {
+                    DevState::F32(gpu.zeros(rows * width, &s.name)?)
+                }
+                StateKind::Zeros { len } => DevState::F32(gpu.zeros(*len, &s.name)?),
+                StateKind::Append { width } => {
+                    DevState::F32(gpu.zeros(self.capacity * width, &s.name)?)
+                }
+                StateKind::Tokens { len } => DevState::I64(gpu.upload(&vec![eos; *len], &s.name)?),
+            };
+            self.bufs.insert(s.name.clone(), buf);
+        }
+        Ok(())
+    }
+
+    fn take_f32(&mut self, name: &str) -> CudaSlice<f32> {
+        match self.bufs.remove(name) {
+            Some(DevState::F32(b)) => b,
+            _ => unreachable!("ensure() created `{name}` as declared"),
+        }
+    }
+
+    fn take_i64(&mut self, name: &str) -> CudaSlice<i64> {
+        match self.bufs.remove(name) {
+            Some(DevState::I64(b)) => b,
+            _ => unreachable!("ensure() created `{name}` as declared"),
+        }
+    }
+}
+
+enum DVal {
+    F32 { rows: usize, buf: CudaSlice<f32> },
+    I64 { rows: usize, buf: CudaSlice<i64> },
+    Sel { buf: CudaSlice<i32> },
+}
+
+impl DVal {
+    fn f32(&self) -> (&CudaSlice<f32>, usize) {
+        match self {
+            DVal::F32 { rows, buf } => (buf, *rows),
+            _ => unreachable!("validated programs feed f32 where f32 is expected"),
+        }
+    }
+    fn i64(&self) -> (&CudaSlice<i64>, usize) {
+        match self {
+            DVal::I64 { rows, buf } => (buf, *rows),
+            _ => unreachable!("validated programs feed i64 where i64 is expected"),
+        }
+    }
+}
+
+/// Runs one step of `program` for `tokens` (range-checked by the caller); returns the logits
+/// `[rows, vocab]` and their row count.
+pub fn run(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    tokens: &[i64],
+) -> Result<(Vec<f32>, usize), CudaError> {
+    let rows_in = tokens.len();
+    let start = state.position;
+    if start + rows_in > state.capacity {
+        return Err(CudaError::Shape {
+            kernel: "session".into(),
+            msg: format!(
+                "context of {} tokens exceeds the device state's capacity of {}",
+                start + rows_in,
+                state.capacity
+            ),
+        });
+    }
+    state.ensure(gpu, program)?;
+    let step = gpu.upload(&[start as i64], "step position")?;
+    let mut values: HashMap<&str, DVal> = HashMap::new();
+    values.insert(
+        program.input.as_str(),
+        DVal::I64 {
+            rows: rows_in,
+            buf: gpu.upload(tokens, "tokens")?,
+        },
+    );
+    let eps = program.consts.rms_norm_eps;
+    let theta = program.consts.rope_theta;
+    let cap = state.capacity;
+    for node in &program.nodes {
+        let arg = |i: usize| &values[node.inputs[i].as_str()];
+        let w = |i: usize| node.weights[i].as_str();
+        let out: Vec<DVal> = match &node.op {
+            Op::Embed => {
+                let (ids, rows) = arg(0).i64();
+                let table = weights.matrix(w(0))?;
+                let d = program
+                    .weights
+                    .iter()
+                    .find(|x| x.name == node.weights[0])
+                    .map(|x| x.shape[1])
+                    .unwrap_or(1);
+                let y = launch::embed(gpu, ids, table, d)?;
+                vec![DVal::F32 { rows, buf: y }]
+            }
+            Op::RepeatStreams { streams } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::repeat_streams(gpu, x, rows, *streams)?,
+                }]
+            }
+            Op::RmsNorm { group, unit_offset } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::rms_norm(
+                        gpu,
+                        x,
+                        weights.vector(w(0))?,
+                        *group,
+                        *unit_offset,
+                        eps,
+                    )?,
+                }]
+            }
+            Op::Linear => {
+                let (x, rows) = arg(0).f32();
+                let m = weights.matrix(w(0))?;
+                let k = x.len() / rows;
+                let n = m.len() / k;
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::linear_rows(gpu, x, m, rows, k, n)?,
+                }]
+            }
+            Op::DivBy { by } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::scalar(gpu, "div_by", x, *by as f32)?,
+                }]
+            }
+            Op::MulBy { by } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::scalar(gpu, "mul_by", x, *by as f32)?,
+                }]
+            }
+            Op::Silu | Op::Sigmoid => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::unary(gpu, node.op.kind(), x)?,
+                }]
+            }
+            Op::Mul => {
+                let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::mul(gpu, a, b, rows)?,
+                }]
+            }
+            Op::Add => {
+                let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
+                vec![DVal::F32 {
+                    rows,
+                    buf: launch::add(gpu, a, b)?,
+                }]
+            }
+            Op::Slice { start: s, len } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::slice_cols(gpu, x, rows, *s, *len)?,
+                }]
+            }
+            Op::StreamMean { streams } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::stream_mean(gpu, x, rows, *streams)?,
+                }]
+            }
+            Op::HcWrite { streams } => {
+                let (h, rows) = arg(0).f32();
+                let y = layout::hc_write(gpu, h, arg(1).f32().0, arg(2).f32().0, rows, *streams)?;
+                vec![DVal::F32 { rows, buf: y }]
+            }
+            Op::LastRow => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows: 1,
+                    buf: layout::last_row(gpu, x, rows)?,
+                }]
+            }
+            Op::CausalConv {
+                kernel,
+                dilation,
+                silu,
+            } => {
+                let (x, rows) = arg(0).f32();
+                let mut window = state.take_f32(&node.states[0]);
+                let y = gdn::causal_conv(
+                    gpu,
+                    x,
+                    &mut window,
+                    weights.vector(w(0))?,
+                    rows,
+                    *kernel,
+                    *dilation,
+                    *silu,
+                );
+                state
+                    .bufs
+                    .insert(node.states[0].clone(), DevState::F32(window));
+                vec![DVal::F32 { rows, buf: y? }]
+            }
+            Op::GdnGates => {
+                let (b, rows) = arg(0).f32();
+                let heads = b.len() / rows;
+                let (beta, g) = gdn::gdn_gates(
+                    gpu,
+                    b,
+                    arg(1).f32().0,
+                    weights.vector(w(0))?,
+                    weights.vector(w(1))?,
+                    rows,
+                    heads,
+                )?;
+                vec![DVal::F32 { rows, buf: beta }, DVal::F32 { rows, buf: g }]
+            }
+            Op::GdnRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            } => {
+                let (qkv, rows) = arg(0).f32();
+                let shape = GdnShape {
+                    key_heads: *key_heads,
+                    value_heads: *value_heads,
+                    key_dim: *key_dim,
+                    value_dim: *value_dim,
+                };
+                let mut st = state.take_f32(&node.states[0]);
+                let y = gdn::gdn_recurrence(
+                    gpu,
+                    qkv,
+                    arg(1).f32().0,
+                    arg(2).f32().0,
+                    &mut st,
+                    rows,
+                    &shape,
+                );
+                state.bufs.insert(node.states[0].clone(), DevState::F32(st));
+                vec![DVal::F32 { rows, buf: y? }]
+            }
+            Op::GatedRmsNorm { head_dim } => {
+                let (x, rows) = arg(0).f32();
+                let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
+                let y = layout::gated_rms_norm(
+                    gpu,
+                    x,
+                    arg(1).f32().0,
+                    weights.vector(w(0))?,
+                    *head_dim,
+                    sigmoid,
+                    eps,
+                )?;
+                vec![DVal::F32 { rows, buf: y }]
+            }
+            Op::SplitQGate { heads, head_dim } => {
+                let (x, rows) = arg(0).f32();
+                let (q, g) = layout::split_q_gate(gpu, x, rows, *heads, *head_dim)?;
+                vec![DVal::F32 { rows, buf: q }, DVal::F32 { rows, buf: g }]
+            }
+            Op::Rope {
+                head_dim,
+                rotary_dim,
+            } => {
+                let (x, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: attention::rope(gpu, x, rows, &step, *head_dim, *rotary_dim, theta)?,
+                }]
+            }
+            Op::IndexerSelect {
+                heads,
+                head_dim,
+                rotary_dim,
+                budget,
+                block,
+            } => {
+                let (q, rows) = arg(0).f32();
+                let shape = IndexerShape {
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    rotary_dim: *rotary_dim,
+                    budget: *budget,
+                    block: *block,
+                };
+                let mut raw = state.take_f32(&node.states[0]);
+                let mut pooled = state.take_f32(&node.states[1]);
+                let sel = attention::indexer_select(
+                    gpu,
+                    q,
+                    arg(1).f32().0,
+                    weights.vector(w(0))?,
+                    &mut raw,
+                    &mut pooled,
+                    rows,
+                    &step,
+                    &shape,
+                    cap,
+                    eps,
+                    theta,
+                );
+                state
+                    .bufs
+                    .insert(node.states[0].clone(), DevState::F32(raw));
+                state
+                    .bufs
+                    .insert(node.states[1].clone(), DevState::F32(pooled));
+                vec![DVal::Sel { buf: sel? }]
+            }
+            Op::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+            } => {
+                let (q, rows) = arg(0).f32();
+                let sel = match arg(3) {
+                    DVal::Sel { buf } => buf,
+                    _ => unreachable!("validated programs feed a selection"),
+                };
+                let keep = sel.len() / rows - 2;
+                // The block size is the selection's producer's (the indexer of this layer).
+                let block = program
+                    .nodes
+                    .iter()
+                    .find_map(|n| match &n.op {
+                        Op::IndexerSelect { block, .. } if n.outputs[0] == node.inputs[3] => {
+                            Some(*block)
+                        }
+                        _ => None,
+                    })
+                    .ok_or_else(|| CudaError::Shape {
+                        kernel: "attention_reference_f32".into(),
+                        msg: "the selection has no indexer producing it".into(),
+                    })?;
+                let mut kc = state.take_f32(&node.states[0]);
+                let mut vc = state.take_f32(&node.states[1]);
+                let y = attention::attention(
+                    gpu,
+                    q,
+                    arg(1).f32().0,
+                    arg(2).f32().0,
+                    sel,
+                    &mut kc,
+                    &mut vc,
+                    rows,
+                    &step,
+                    *heads,
+                    *kv_heads,
+                    *head_dim,
+                    cap,
+                    keep,
+                    block,
+                );
+                state.bufs.insert(node.states[0].clone(), DevState::F32(kc));
+                state.bufs.insert(node.states[1].clone(), DevState::F32(vc));
+                vec![DVal::F32 { rows, buf: y? }]
+            }
+            Op::MoeRouter { top_k } => {
+                let (logits, rows) = arg(0).f32();
+                let experts = logits.len() / rows;
+                let (ids, ws) = moe::moe_router(
+                    gpu,
+                    logits,
+                    rows,
+                    experts,
+                    *top_k,
+                    program.consts.norm_topk_prob,
+                )?;
+                vec![DVal::I64 { rows, buf: ids }, DVal::F32 { rows, buf: ws }]
+            }
+            Op::MoeExperts { intermediate, .. } => {
+                let (x, rows) = arg(0).f32();
+                let (ids, _) = arg(1).i64();
+                let k = ids.len() / rows;
+                let hidden = x.len() / rows;
+                let y = moe::moe_experts(
+                    gpu,
+                    x,
+                    ids,
+                    arg(2).f32().0,
+                    weights.matrix(w(0))?,
+                    weights.matrix(w(1))?,
+                    rows,
+                    k,
+                    hidden,
+                    *intermediate,
+                )?;
+                vec![DVal::F32 { rows, buf: y }]
+            }
+            Op::PleNgramIds {
+                ngram,
+                heads_per_ngram,
+                table,
+            } => {
+                let (toks, rows) = arg(0).i64();
+                let eos = program.consts.ple_eos.unwrap_or(0);
+                let [m, s, o] = &weights.ple[*table];
+                let mut hist = state.take_i64(&node.states[0]);
+                let ids = moe::ple_ngram_ids(
+                    gpu,
+                    toks,
+                    &mut hist,
+                    rows,
+                    eos,
+                    *ngram,
+                    *heads_per_ngram,
+                    m,
+                    s,
+                    o,
+                );
+                state
+                    .bufs
+                    .insert(node.states[0].clone(), DevState::I64(hist));
+                vec![DVal::I64 { rows, buf: ids? }]
+            }
+            Op::PleGate { streams } => {
+                let (key, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::ple_gate(
+                        gpu,
+                        key,
+                        arg(1).f32().0,
+                        arg(2).f32().0,
+                        rows,
+                        *streams,
+                    )?,
+                }]
+            }
+            Op::SwigluLinear => {
+                let (x, rows) = arg(0).f32();
+                let (wg, wu) = (weights.matrix(w(0))?, weights.matrix(w(1))?);
+                let k = x.len() / rows;
+                let n = wg.len() / k;
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::swiglu(gpu, x, wg, wu, rows, k, n)?,
+                }]
+            }
+            Op::HcMix { streams } => {
+                let (hn, rows) = arg(0).f32();
+                let y = layout::hc_mix(
+                    gpu,
+                    hn,
+                    weights.matrix(w(0))?,
+                    weights.matrix(w(1))?,
+                    rows,
+                    *streams,
+                )?;
+                vec![DVal::F32 { rows, buf: y }]
+            }
+            Op::HcInject { streams } => {
+                let (hn, rows) = arg(0).f32();
+                vec![DVal::F32 {
+                    rows,
+                    buf: layout::hc_inject(gpu, hn, weights.matrix(w(0))?, rows, *streams)?,
+                }]
+            }
+        };
+        for (name, v) in node.outputs.iter().zip(out) {
+            values.insert(name.as_str(), v);
+        }
+        for dead in &node.last_use {
+            values.remove(dead.as_str());
+        }
+    }
+    let (logits, rows) = match values.remove(program.output.as_str()) {
+        Some(DVal::F32 { rows, buf }) => (buf, rows),
+        _ => unreachable!("validated programs output f32 logits"),
+    };
+    let data = gpu.download(&logits, "logits")?;
+    gpu.sync("the step")?;
+    state.position += rows_in;
+    Ok((data, rows))
+}

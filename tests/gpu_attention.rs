@@ -1,0 +1,612 @@
+//! RoPE, the QSA indexer's selection and attention on the device (`kernels/attention.cu`)
+//! against the CPU reference (`ops::rope`, `ops::indexer`, `ops::attention`), carried across
+//! several steps the way `exec::cpu` carries its states (raw keys appended, pooled block keys
+//! cached, k/v appended before attending): at tiny shapes with rows that are sparse, and at the
+//! real Qwen3.8-Flash-Next shapes over a context of ~3000 tokens (sparse from row 2051 on).
+//!
+//! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
+//! `results/`). Elsewhere (CI) it says so and checks nothing else.
+//!
+//! Bounds: RoPE and attention outputs within 1e-5 relative (‖gpu − cpu‖ / ‖cpu‖, and
+//! max |diff| / max |cpu| within 1e-4); selections exactly equal (visible, dense or sparse, the
+//! block ids). The GPU computes the pooled keys and the block scores with the reference's
+//! roundings, so only a score near-tie at the top-k boundary within an ulp or so of the RoPE
+//! angles could flip; a mismatch reports the reference's boundary gap to tell that from a bug.
+
+use graphrun::exec::cuda::launch::attention as attn;
+use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::ops::attention::{attend, AttnShape};
+use graphrun::ops::indexer::{pool_blocks, select, IndexerShape, RowSel};
+use graphrun::ops::rope;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const F32_BOUND: f64 = 1e-5;
+
+fn gpu_or_skip() -> Option<Gpu> {
+    match probe() {
+        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Err(e) => {
+            println!("GPU attention tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
+            None
+        }
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
+fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_diff = max_diff.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    (
+        (num / den.max(1e-300)).sqrt(),
+        max_diff / max_ref.max(1e-300),
+    )
+}
+
+fn check(what: &str, shape: &str, got: &[f32], want: &[f32]) {
+    let (rel, max) = errors(got, want);
+    let exact = got.iter().zip(want).filter(|(g, w)| g == w).count();
+    println!(
+        "{what:<28} {shape:<34} rel {rel:.2e}  max {max:.2e}  bit-equal {:.1}%",
+        100.0 * exact as f64 / want.len().max(1) as f64
+    );
+    assert!(
+        rel <= F32_BOUND && max <= F32_BOUND * 10.0,
+        "{what} at {shape}: rel {rel:e}, max {max:e}"
+    );
+}
+
+#[test]
+fn rope_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
+    // (rows, heads, head_dim, rot, theta, start): tiny; the real attention q/k and indexer q at
+    // ~3000 tokens and near 256k tokens (large angles), one decode row.
+    let cases = [
+        (5, 4, 16, 8, 10_000.0, 37),
+        (3, 2, 8, 4, 10_000.0, 0),
+        (64, 24, 256, 64, 1e7, 2990),
+        (64, 2, 256, 64, 1e7, 2990),
+        (64, 4, 128, 64, 1e7, 2990),
+        (16, 24, 256, 64, 1e7, 262_000),
+        (1, 4, 128, 64, 1e7, 3054),
+    ];
+    for (rows, heads, hd, rot, theta, start) in cases {
+        let x = random(&mut rng, rows * heads * hd);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let got = gpu
+            .download(
+                &attn::rope(&gpu, &dx, rows, &step, hd, rot, theta).unwrap(),
+                "y",
+            )
+            .unwrap();
+        let want = rope::rope(&x, rows, start, hd, rot, theta);
+        check(
+            "rope_reference_f32",
+            &format!("T{rows} {heads}x{hd} rot{rot} @{start}"),
+            &got,
+            &want,
+        );
+    }
+}
+
+/// One geometry: attention heads, the indexer, the cache capacity and the steps `(start, rows)`.
+struct Geometry {
+    name: &'static str,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    indexer: IndexerShape,
+    theta: f64,
+    eps: f32,
+    capacity: usize,
+    steps: Vec<(usize, usize)>,
+    /// Rows of a step longer than this are checked at a sample of rows (the CPU attends slowly).
+    check_all_below: usize,
+}
+
+/// The reference's score of every complete block for row `t` (as `ops::indexer::select`).
+fn reference_scores(
+    q: &[f32],
+    pooled: &[f32],
+    t: usize,
+    complete: usize,
+    s: &IndexerShape,
+) -> Vec<f32> {
+    let d = s.head_dim;
+    let q = &q[t * s.heads * d..(t + 1) * s.heads * d];
+    (0..complete)
+        .map(|b| {
+            let kb = &pooled[b * d..(b + 1) * d];
+            let sum: f32 = (0..s.heads)
+                .map(|h| {
+                    let dotp: f32 = q[h * d..(h + 1) * d]
+                        .iter()
+                        .zip(kb)
+                        .map(|(a, b)| a * b)
+                        .sum();
+                    dotp.max(0.0)
+                })
+                .sum();
+            sum / (d as f32).sqrt()
+        })
+        .collect()
+}
+
+/// The selection as `RowSel`s, checking the format (docs/cuda-plan.md) on the way.
+fn decode_selection(sel: &[i32], rows: usize, keep: usize, block: usize) -> Vec<RowSel> {
+    assert_eq!(sel.len(), rows * (2 + keep), "selection length");
+    sel.chunks(2 + keep)
+        .map(|r| {
+            let visible = r[0] as usize;
+            if r[1] == -1 {
+                assert!(r[2..].iter().all(|&x| x == -1), "dense row padding: {r:?}");
+                RowSel::Dense { visible }
+            } else {
+                assert_eq!(r[1] as usize, keep, "sparse row count");
+                RowSel::Sparse {
+                    visible,
+                    blocks: r[2..].iter().map(|&b| b as usize).collect(),
+                    block,
+                }
+            }
+        })
+        .collect()
+}
+
+fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let s = &g.indexer;
+    let (ih, id, block) = (s.heads, s.head_dim, s.block);
+    let keep = s.budget / block;
+    let hd = g.head_dim;
+    let kw = g.kv_heads * hd;
+    let attn_shape = AttnShape {
+        heads: g.heads,
+        kv_heads: g.kv_heads,
+        head_dim: hd,
+    };
+    let k_norm = random(&mut rng, id);
+    let dk_norm = gpu.upload(&k_norm, "k_norm").unwrap();
+
+    // The states, on both sides.
+    let (mut raw, mut pooled, mut kc, mut vc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut d_raw = gpu.zeros::<f32>(g.capacity * id, "raw keys").unwrap();
+    // The pooled state as the executor allocates every `Append` state: `capacity` rows (only
+    // capacity/block are used); the 256k test uses the exact size.
+    let mut d_pooled = gpu.zeros::<f32>(g.capacity * id, "pooled").unwrap();
+    let mut d_kc = gpu.zeros::<f32>(g.capacity * kw, "k cache").unwrap();
+    let mut d_vc = gpu.zeros::<f32>(g.capacity * kw, "v cache").unwrap();
+
+    let mut position = 0;
+    for &(start, rows) in &g.steps {
+        assert_eq!(start, position, "steps are consecutive");
+        position += rows;
+        let label = format!("{} T{rows} @{start}", g.name);
+        let iq = random(&mut rng, rows * ih * id);
+        let ik = random(&mut rng, rows * id);
+        let q = random(&mut rng, rows * g.heads * hd);
+        let k = random(&mut rng, rows * kw);
+        let v = random(&mut rng, rows * kw);
+
+        // Device.
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let (d_iq, d_ik) = (
+            gpu.upload(&iq, "iq").unwrap(),
+            gpu.upload(&ik, "ik").unwrap(),
+        );
+        let (d_q, d_k, d_v) = (
+            gpu.upload(&q, "q").unwrap(),
+            gpu.upload(&k, "k").unwrap(),
+            gpu.upload(&v, "v").unwrap(),
+        );
+        let d_sel = attn::indexer_select(
+            gpu,
+            &d_iq,
+            &d_ik,
+            &dk_norm,
+            &mut d_raw,
+            &mut d_pooled,
+            rows,
+            &step,
+            s,
+            g.capacity,
+            g.eps,
+            g.theta,
+        )
+        .unwrap();
+        let d_y = attn::attention(
+            gpu, &d_q, &d_k, &d_v, &d_sel, &mut d_kc, &mut d_vc, rows, &step, g.heads, g.kv_heads,
+            hd, g.capacity, keep, block,
+        )
+        .unwrap();
+        gpu.sync(&label).unwrap();
+        let sel_dev = gpu.download(&d_sel, "selection").unwrap();
+        let y_dev = gpu.download(&d_y, "attention").unwrap();
+
+        // Reference (as exec::cpu).
+        raw.extend_from_slice(&ik);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, g.eps, g.theta);
+        let sel_cpu = select(&iq, &pooled, rows, start, s);
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+
+        // States.
+        let raw_dev = gpu.download(&d_raw, "raw keys").unwrap();
+        assert!(
+            raw_dev[..raw.len()] == raw[..],
+            "{label}: raw key cache differs"
+        );
+        let pooled_dev = gpu.download(&d_pooled, "pooled").unwrap();
+        check(
+            "indexer_select_pool_f32",
+            &format!("{label} {} blocks", pooled.len() / id),
+            &pooled_dev[..pooled.len()],
+            &pooled,
+        );
+        let (kc_dev, vc_dev) = (
+            gpu.download(&d_kc, "k cache").unwrap(),
+            gpu.download(&d_vc, "v cache").unwrap(),
+        );
+        assert!(
+            kc_dev[..kc.len()] == kc[..] && vc_dev[..vc.len()] == vc[..],
+            "{label}: kv cache differs"
+        );
+
+        // Selection: exactly equal.
+        let sel_gpu = decode_selection(&sel_dev, rows, keep, block);
+        let sparse = sel_cpu
+            .iter()
+            .filter(|r| matches!(r, RowSel::Sparse { .. }))
+            .count();
+        for (t, (got, want)) in sel_gpu.iter().zip(&sel_cpu).enumerate() {
+            if got != want {
+                let visible = start + t + 1;
+                let complete = visible / block;
+                let mut scores = reference_scores(&iq, &pooled, t, complete, s);
+                scores.sort_by(|a, b| b.total_cmp(a));
+                let boundary = if complete > keep && keep > 0 {
+                    let (kth, next) = (scores[keep - 1], scores[keep]);
+                    format!(
+                        "reference scores at the boundary: {kth:e} (k-th) vs {next:e}, relative gap {:e}",
+                        ((kth - next) / kth.abs().max(f32::MIN_POSITIVE)) as f64
+                    )
+                } else {
+                    "row is dense on the reference side".to_string()
+                };
+                panic!(
+                    "{label}: selection of row {t} (position {}) differs: {boundary}\n gpu {got:?}\n cpu {want:?}",
+                    start + t
+                );
+            }
+        }
+        println!(
+            "{:<28} {:<34} {rows} rows equal ({sparse} sparse)",
+            "indexer_select (selection)", label
+        );
+
+        // Attention, with the reference's selection (equal to the device's by now).
+        let check_rows: Vec<usize> = if rows <= g.check_all_below {
+            (0..rows).collect()
+        } else {
+            let mut r: Vec<usize> = (0..rows).step_by(rows / 40).collect();
+            r.extend(
+                [1, 2050, 2051, 2052, rows - 2, rows - 1]
+                    .iter()
+                    .filter(|&&x| x < rows),
+            );
+            r.sort_unstable();
+            r.dedup();
+            r
+        };
+        let qw = g.heads * hd;
+        let q_sub: Vec<f32> = check_rows
+            .iter()
+            .flat_map(|&t| q[t * qw..(t + 1) * qw].iter().copied())
+            .collect();
+        let sel_sub: Vec<RowSel> = check_rows.iter().map(|&t| sel_cpu[t].clone()).collect();
+        let want = attend(&q_sub, &kc, &vc, &sel_sub, &attn_shape);
+        let got: Vec<f32> = check_rows
+            .iter()
+            .flat_map(|&t| y_dev[t * qw..(t + 1) * qw].iter().copied())
+            .collect();
+        check(
+            "attention_reference_f32",
+            &format!("{label} ({} rows)", check_rows.len()),
+            &got,
+            &want,
+        );
+    }
+}
+
+#[test]
+fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    // iD 8, block 2, budget 4 (2 blocks kept), heads 4/2, hd 16: rows are sparse from position 5
+    // (visible 6, 3 complete blocks) on. The steps split blocks across steps (odd starts).
+    let g = Geometry {
+        name: "tiny",
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        indexer: IndexerShape {
+            heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+            budget: 4,
+            block: 2,
+        },
+        theta: 10_000.0,
+        eps: 1e-6,
+        capacity: 48,
+        steps: vec![(0, 5), (5, 30), (35, 1), (36, 4)],
+        check_all_below: usize::MAX,
+    };
+    run_steps(&gpu, &g, 0x71a7);
+    // A block size that does not divide the steps, and a budget below one block (keep 0: the
+    // sparse rows attend their tail only).
+    let g = Geometry {
+        name: "tiny-b3",
+        indexer: IndexerShape {
+            heads: 3,
+            head_dim: 8,
+            rotary_dim: 8,
+            budget: 9,
+            block: 3,
+        },
+        capacity: 42,
+        steps: vec![(0, 7), (7, 1), (8, 25), (33, 1)],
+        ..g
+    };
+    run_steps(&gpu, &g, 0x71a8);
+    let g = Geometry {
+        name: "tiny-keep0",
+        indexer: IndexerShape {
+            heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+            budget: 1,
+            block: 2,
+        },
+        capacity: 16,
+        steps: vec![(0, 9), (9, 1)],
+        ..g
+    };
+    run_steps(&gpu, &g, 0x71a9);
+}
+
+#[test]
+fn qsa_steps_match_the_cpu_reference_at_real_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    // 24 q heads / 2 kv heads of 256, rot 64, theta 1e7; indexer 4 heads x 128, rot 64, block 4,
+    // budget 2048 (512 blocks kept: rows from position 2051 on are sparse). A first step fills the
+    // caches for positions 0..2990, then a 64-token prefill and a decode at ~3000 tokens.
+    let g = Geometry {
+        name: "real",
+        heads: 24,
+        kv_heads: 2,
+        head_dim: 256,
+        indexer: IndexerShape {
+            heads: 4,
+            head_dim: 128,
+            rotary_dim: 64,
+            budget: 2048,
+            block: 4,
+        },
+        theta: 1e7,
+        eps: 1e-6,
+        capacity: 4096,
+        steps: vec![(0, 2990), (2990, 64), (3054, 1)],
+        check_all_below: 64,
+    };
+    run_steps(&gpu, &g, 0x3000);
+}
+
+/// The top-k at the largest selection the geometry allows: 65536 complete blocks (256k tokens,
+/// block 4). The states for positions 0..262139 are uploaded (random raw keys, pooled by the
+/// reference: one step of that size would need a score scratch of rows x 65536); then a 4-token
+/// step and a decode run through `indexer_select`, completing the last two blocks.
+#[test]
+fn indexer_select_at_256k_context() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x256);
+    let s = IndexerShape {
+        heads: 4,
+        head_dim: 128,
+        rotary_dim: 64,
+        budget: 2048,
+        block: 4,
+    };
+    let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
+    let (id, keep) = (s.head_dim, s.budget / s.block);
+    let k_norm = random(&mut rng, id);
+    let dk_norm = gpu.upload(&k_norm, "k_norm").unwrap();
+    let filled = capacity - 5;
+    let mut raw = random(&mut rng, filled * id);
+    let mut pooled = Vec::new();
+    pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta);
+    let padded = |v: &[f32], len: usize| {
+        let mut p = v.to_vec();
+        p.resize(len, 0.0);
+        p
+    };
+    let mut d_raw = gpu.upload(&padded(&raw, capacity * id), "raw").unwrap();
+    let mut d_pooled = gpu
+        .upload(&padded(&pooled, capacity / s.block * id), "pooled")
+        .unwrap();
+    for (start, rows) in [(filled, 4usize), (capacity - 1, 1)] {
+        let iq = random(&mut rng, rows * s.heads * id);
+        let ik = random(&mut rng, rows * id);
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let d_sel = attn::indexer_select(
+            &gpu,
+            &gpu.upload(&iq, "iq").unwrap(),
+            &gpu.upload(&ik, "ik").unwrap(),
+            &dk_norm,
+            &mut d_raw,
+            &mut d_pooled,
+            rows,
+            &step,
+            &s,
+            capacity,
+            eps,
+            theta,
+        )
+        .unwrap();
+        raw.extend_from_slice(&ik);
+        pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta);
+        let label = format!("256k T{rows} @{start}");
+        let pooled_dev = gpu.download(&d_pooled, "pooled").unwrap();
+        check(
+            "indexer_select_pool_f32",
+            &label,
+            &pooled_dev[..pooled.len()],
+            &pooled,
+        );
+        let got = decode_selection(
+            &gpu.download(&d_sel, "selection").unwrap(),
+            rows,
+            keep,
+            s.block,
+        );
+        let want = select(&iq, &pooled, rows, start, &s);
+        for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{label}: row {t} at position {}", start + t);
+        }
+        println!(
+            "{:<28} {label:<34} {rows} rows equal ({} blocks)",
+            "indexer_select (selection)",
+            pooled.len() / id
+        );
+    }
+}
+
+/// A bad launch is an error naming the kernel, not a crash.
+#[test]
+fn shape_errors_name_the_kernel() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
+    let step = gpu.upload(&[0i64], "step").unwrap();
+    let Err(err) = attn::rope(&gpu, &x, 2, &step, 16, 7, 1e4) else {
+        panic!("an odd rotary_dim was accepted")
+    };
+    assert!(err.to_string().contains("rope_reference_f32"), "{err}");
+    let sel = gpu.upload(&[1i32, -1, -1], "sel").unwrap();
+    let mut kc = gpu.zeros::<f32>(4 * 16, "kc").unwrap();
+    let mut vc = gpu.zeros::<f32>(4 * 16, "vc").unwrap();
+    let k = gpu.upload(&[1.0f32; 16], "k").unwrap();
+    let Err(err) = attn::attention(
+        &gpu, &x, &k, &k, &sel, &mut kc, &mut vc, 1, &step, 2, 1, 16, 4, 2, 2,
+    ) else {
+        panic!("a selection too short for keep 2 was accepted")
+    };
+    assert!(err.to_string().contains("attention_reference_f32"), "{err}");
+}
+
+/// Wall time per call (launches, scratch allocation and the kernels, after a sync) at the real
+/// geometry with 256k tokens of context: `cargo test --release --test gpu_attention -- --ignored`.
+#[test]
+#[ignore = "timings, run by hand on the GPU machine"]
+fn timings_at_256k_context() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7173);
+    let s = IndexerShape {
+        heads: 4,
+        head_dim: 128,
+        rotary_dim: 64,
+        budget: 2048,
+        block: 4,
+    };
+    let (heads, kv_heads, hd) = (24usize, 2usize, 256usize);
+    let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
+    let keep = s.budget / s.block;
+    let kw = kv_heads * hd;
+    let dk_norm = gpu.upload(&random(&mut rng, s.head_dim), "k_norm").unwrap();
+    let mut d_raw = gpu
+        .upload(&random(&mut rng, capacity * s.head_dim), "raw")
+        .unwrap();
+    let mut d_pooled = gpu
+        .upload(&random(&mut rng, capacity / s.block * s.head_dim), "pooled")
+        .unwrap();
+    let mut d_kc = gpu.upload(&random(&mut rng, capacity * kw), "k").unwrap();
+    let mut d_vc = gpu.upload(&random(&mut rng, capacity * kw), "v").unwrap();
+    let time = |what: &str, f: &mut dyn FnMut()| {
+        f();
+        gpu.sync(what).unwrap();
+        let n = 20;
+        let t0 = std::time::Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        gpu.sync(what).unwrap();
+        println!(
+            "{what:<44} {:>9.1} us",
+            t0.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+    };
+    for rows in [1usize, 64] {
+        let start = capacity - rows;
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let iq = gpu
+            .upload(&random(&mut rng, rows * s.heads * s.head_dim), "iq")
+            .unwrap();
+        let ik = gpu
+            .upload(&random(&mut rng, rows * s.head_dim), "ik")
+            .unwrap();
+        let q = gpu
+            .upload(&random(&mut rng, rows * heads * hd), "q")
+            .unwrap();
+        let k = gpu.upload(&random(&mut rng, rows * kw), "k").unwrap();
+        let v = gpu.upload(&random(&mut rng, rows * kw), "v").unwrap();
+        time(&format!("rope T{rows} 24x256 rot64"), &mut || {
+            attn::rope(&gpu, &q, rows, &step, hd, 64, theta).unwrap();
+        });
+        let mut sel = None;
+        time(
+            &format!("indexer_select T{rows} @{start} (65536 blocks)"),
+            &mut || {
+                sel = Some(
+                    attn::indexer_select(
+                        &gpu,
+                        &iq,
+                        &ik,
+                        &dk_norm,
+                        &mut d_raw,
+                        &mut d_pooled,
+                        rows,
+                        &step,
+                        &s,
+                        capacity,
+                        eps,
+                        theta,
+                    )
+                    .unwrap(),
+                );
+            },
+        );
+        let sel = sel.unwrap();
+        time(
+            &format!("attention T{rows} 24/2x256 (2051 positions)"),
+            &mut || {
+                attn::attention(
+                    &gpu, &q, &k, &v, &sel, &mut d_kc, &mut d_vc, rows, &step, heads, kv_heads, hd,
+                    capacity, keep, s.block,
+                )
+                .unwrap();
+            },
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! The CUDA executor end to end on the parity fixtures: logits within 1e-4 relative of
+//! transformers (per row, to the row's largest |logit|) and of the CPU executor, identical greedy
+//! tokens, chunked prefill + decode equal to a full prefill. Runs where a CUDA device is present
+//! (`scripts/gpu_tests.sh`); elsewhere it says so.
+
+mod common;
+
+use graphrun::exec::cuda::probe;
+use graphrun::ir::LogitsMode;
+use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn cuda() -> ModelOptions {
+    ModelOptions {
+        device: DeviceChoice::Cuda,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn fixtures_on_the_gpu() {
+    if let Err(e) = probe() {
+        println!("GPU end-to-end tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh");
+        return;
+    }
+    for dir in common::fixture_dirs() {
+        let exp = common::expected(&dir);
+        let gpu = Model::load(&dir, cuda()).unwrap();
+        let cpu = Model::load(&dir, ModelOptions::default()).unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+
+        let logits = gpu.session().prefill(&exp.prompt, LogitsMode::All).unwrap();
+        let vs_hf = common::max_row_rel_err(&logits.data, &exp.logits, exp.vocab);
+        let cpu_logits = cpu.session().prefill(&exp.prompt, LogitsMode::All).unwrap();
+        let vs_cpu = common::max_row_rel_err(&logits.data, &cpu_logits.data, exp.vocab);
+
+        let t = exp.prompt.len();
+        let mut s = gpu.session();
+        let mut rows = s
+            .prefill(&exp.prompt[..t / 2], LogitsMode::All)
+            .unwrap()
+            .data;
+        for &tok in &exp.prompt[t / 2..] {
+            rows.extend(s.decode(tok).unwrap());
+        }
+        let chunked = common::max_row_rel_err(&rows, &logits.data, exp.vocab);
+
+        let opts = GenerateOptions {
+            max_new_tokens: exp.greedy.len(),
+            sampling: Sampling::Greedy,
+            stop_on_eos: false,
+        };
+        let greedy = gpu.session().generate(&exp.prompt, &opts).unwrap();
+
+        println!(
+            "{name:<22} weights {:<5} vs transformers {vs_hf:.2e}  vs cpu {vs_cpu:.2e}  chunked vs full {chunked:.2e}  greedy {}",
+            gpu.weight_dtype,
+            if greedy == exp.greedy { "identical" } else { "DIFFERENT" }
+        );
+        assert!(vs_hf <= TOLERANCE, "{name}: {vs_hf:e} from transformers");
+        assert!(
+            vs_cpu <= TOLERANCE,
+            "{name}: {vs_cpu:e} from the CPU executor"
+        );
+        assert!(
+            chunked <= TOLERANCE,
+            "{name}: chunked prefill differs by {chunked:e}"
+        );
+        assert_eq!(greedy, exp.greedy, "{name}: greedy tokens");
+    }
+}

@@ -1,0 +1,418 @@
+//! The Gated DeltaNet kernels (`kernels/gdn.cu`: causal convolution with its window, gates,
+//! recurrence) against the CPU reference (`ops::conv::causal_conv`, `ops::gdn`) on fresh random
+//! inputs, at tiny shapes, odd shapes (partial warps and column groups) and the real Qwen4Exp
+//! shapes, with windows and states carried across calls.
+//!
+//! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
+//! `results/`). Elsewhere (CI) it says so and checks nothing else.
+//!
+//! Bounds: 1e-5 relative (‖gpu − cpu‖ / ‖cpu‖, and 1e-4 for max |diff| / max |cpu|), as
+//! `gpu_kernels.rs`. Carrying: 5 rows then 3 give exactly (bit for bit) what 8 rows at once give,
+//! on the CPU and on the GPU (the GPU's order of operations does not depend on the split: the
+//! window and state round-trip through memory as f32, as they are held).
+
+use cudarc::driver::CudaSlice;
+use graphrun::exec::cuda::launch::gdn;
+use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::ops::conv;
+use graphrun::ops::gdn::{self as cpu_gdn, GdnShape};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const F32_BOUND: f64 = 1e-5;
+
+fn gpu_or_skip() -> Option<Gpu> {
+    match probe() {
+        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Err(e) => {
+            println!("GPU kernel tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
+            None
+        }
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
+fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_diff = max_diff.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    (
+        (num / den.max(1e-300)).sqrt(),
+        max_diff / max_ref.max(1e-300),
+    )
+}
+
+struct Report(Vec<String>);
+
+impl Report {
+    fn check(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+        let (rel, max) = errors(got, want);
+        let line = format!("{kernel:<30} {shape:<44} rel {rel:.2e}  max {max:.2e}");
+        println!("{line}");
+        self.0.push(line);
+        assert!(
+            rel <= F32_BOUND && max <= F32_BOUND * 10.0,
+            "{kernel} at {shape}: rel {rel:e}, max {max:e}"
+        );
+    }
+
+    /// Bit-for-bit equality (the same computation, split differently).
+    fn same(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{kernel} at {shape}");
+        let differing = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let line = format!("{kernel:<30} {shape:<44} split == whole: {differing} values differ");
+        println!("{line}");
+        self.0.push(line);
+        assert_eq!(differing, 0, "{kernel} at {shape}: split != whole");
+    }
+}
+
+fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Vec<f32> {
+    gpu.download(s, "result").unwrap()
+}
+
+#[test]
+fn causal_conv_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0xc0a7);
+    let mut report = Report(Vec::new());
+    // (width, kernel, dilation): tiny; odd width with kernel 3, dilation 2; the real GDN conv
+    // (10240, kernel 4) and the real PLE conv (10240, kernel 4, dilation 3: past 9 > 5 and 3 rows).
+    for (width, kernel, dilation) in [
+        (16, 4, 1),
+        (16, 4, 3),
+        (37, 3, 2),
+        (10240, 4, 1),
+        (10240, 4, 3),
+    ] {
+        let past = (kernel - 1) * dilation;
+        let w = random(&mut rng, width * kernel, 1.0);
+        let dw = gpu.upload(&w, "w").unwrap();
+        for silu in [true, false] {
+            // One step of 1 (decode) and of 64 rows (prefill), from a non-zero window.
+            for rows in [1usize, 64] {
+                let x = random(&mut rng, rows * width, 1.0);
+                let window0 = random(&mut rng, past * width, 1.0);
+                let mut cpu_window = window0.clone();
+                let want = conv::causal_conv(&x, &mut cpu_window, &w, rows, kernel, dilation, silu);
+                let dx = gpu.upload(&x, "x").unwrap();
+                let mut dwin = gpu.upload(&window0, "window").unwrap();
+                let y = gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, rows, kernel, dilation, silu)
+                    .unwrap();
+                let s = format!("T{rows} C{width} K{kernel} d{dilation} silu{}", silu as u8);
+                report.check("causal_conv_reference_f32", &s, &down(&gpu, &y), &want);
+                report.check(
+                    "causal_conv_window_f32",
+                    &s,
+                    &down(&gpu, &dwin),
+                    &cpu_window,
+                );
+            }
+
+            // 8 rows at once, and 5 then 3 with the window carried, on both sides.
+            let x = random(&mut rng, 8 * width, 1.0);
+            let window0 = random(&mut rng, past * width, 1.0);
+            let (x5, x3) = x.split_at(5 * width);
+            let mut cpu_whole_window = window0.clone();
+            let cpu_whole =
+                conv::causal_conv(&x, &mut cpu_whole_window, &w, 8, kernel, dilation, silu);
+            let mut cpu_split_window = window0.clone();
+            let mut cpu_split =
+                conv::causal_conv(x5, &mut cpu_split_window, &w, 5, kernel, dilation, silu);
+            cpu_split.extend(conv::causal_conv(
+                x3,
+                &mut cpu_split_window,
+                &w,
+                3,
+                kernel,
+                dilation,
+                silu,
+            ));
+            let s = format!("T5+3 C{width} K{kernel} d{dilation} silu{}", silu as u8);
+            report.same("causal_conv (cpu)", &s, &cpu_split, &cpu_whole);
+            report.same(
+                "causal_conv window (cpu)",
+                &s,
+                &cpu_split_window,
+                &cpu_whole_window,
+            );
+
+            let dx = gpu.upload(&x, "x").unwrap();
+            let mut dwin = gpu.upload(&window0, "window").unwrap();
+            let gpu_whole = down(
+                &gpu,
+                &gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 8, kernel, dilation, silu).unwrap(),
+            );
+            let gpu_whole_window = down(&gpu, &dwin);
+            let (dx5, dx3) = (gpu.upload(x5, "x5").unwrap(), gpu.upload(x3, "x3").unwrap());
+            let mut dwin = gpu.upload(&window0, "window").unwrap();
+            let mut gpu_split = down(
+                &gpu,
+                &gdn::causal_conv(&gpu, &dx5, &mut dwin, &dw, 5, kernel, dilation, silu).unwrap(),
+            );
+            gpu_split.extend(down(
+                &gpu,
+                &gdn::causal_conv(&gpu, &dx3, &mut dwin, &dw, 3, kernel, dilation, silu).unwrap(),
+            ));
+            let gpu_split_window = down(&gpu, &dwin);
+            report.same("causal_conv_reference_f32", &s, &gpu_split, &gpu_whole);
+            report.same(
+                "causal_conv_window_f32",
+                &s,
+                &gpu_split_window,
+                &gpu_whole_window,
+            );
+            report.check("causal_conv_reference_f32", &s, &gpu_split, &cpu_whole);
+            report.check(
+                "causal_conv_window_f32",
+                &s,
+                &gpu_split_window,
+                &cpu_whole_window,
+            );
+        }
+    }
+    gpu.sync("the causal_conv checks").unwrap();
+    println!("{} causal_conv checks passed", report.0.len());
+}
+
+#[test]
+fn gdn_gates_match_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6a7e);
+    let mut report = Report(Vec::new());
+    // Tiny, and the real 48 value heads at decode and prefill. `a` spans ±25 so that a + dt_bias
+    // falls on both sides of softplus's threshold (20).
+    for (rows, heads) in [(3usize, 4usize), (1, 48), (64, 48)] {
+        let b = random(&mut rng, rows * heads, 4.0);
+        let a = random(&mut rng, rows * heads, 25.0);
+        let a_log = random(&mut rng, heads, 2.0);
+        let dt_bias = random(&mut rng, heads, 1.0);
+        let (want_beta, want_g) = cpu_gdn::gates(&b, &a, &a_log, &dt_bias);
+        let up = |v: &[f32]| gpu.upload(v, "gates input").unwrap();
+        let (beta, g) = gdn::gdn_gates(
+            &gpu,
+            &up(&b),
+            &up(&a),
+            &up(&a_log),
+            &up(&dt_bias),
+            rows,
+            heads,
+        )
+        .unwrap();
+        let s = format!("T{rows} heads {heads}");
+        report.check(
+            "gdn_gates_reference_f32 beta",
+            &s,
+            &down(&gpu, &beta),
+            &want_beta,
+        );
+        report.check("gdn_gates_reference_f32 g", &s, &down(&gpu, &g), &want_g);
+    }
+    gpu.sync("the gdn_gates checks").unwrap();
+    println!("{} gdn_gates checks passed", report.0.len());
+}
+
+/// Random `qkv`, and `beta`, `g` from the reference gates on random inputs (`a_shift` moves
+/// `a`: very negative gives g close to 0, a slow decay that lets the state accumulate).
+fn recurrence_inputs(
+    rng: &mut ChaCha8Rng,
+    rows: usize,
+    s: &GdnShape,
+    a_shift: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let width = 2 * s.key_heads * s.key_dim + s.value_heads * s.value_dim;
+    let qkv = random(rng, rows * width, 1.0);
+    let b = random(rng, rows * s.value_heads, 2.0);
+    let a: Vec<f32> = random(rng, rows * s.value_heads, 1.0)
+        .into_iter()
+        .map(|v| v + a_shift)
+        .collect();
+    let a_log = random(rng, s.value_heads, 1.0);
+    let dt_bias = random(rng, s.value_heads, 1.0);
+    let (beta, g) = cpu_gdn::gates(&b, &a, &a_log, &dt_bias);
+    (qkv, beta, g)
+}
+
+#[test]
+fn gdn_recurrence_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x9d17);
+    let mut report = Report(Vec::new());
+    let shapes = [
+        // tiny
+        GdnShape {
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 8,
+            value_dim: 8,
+        },
+        // odd: a partial second warp of rows and a partial second group of columns
+        GdnShape {
+            key_heads: 1,
+            value_heads: 3,
+            key_dim: 40,
+            value_dim: 40,
+        },
+        // real
+        GdnShape {
+            key_heads: 16,
+            value_heads: 48,
+            key_dim: 128,
+            value_dim: 128,
+        },
+    ];
+    for s in &shapes {
+        let name = format!(
+            "Kh{} Vh{} dk{} dv{}",
+            s.key_heads, s.value_heads, s.key_dim, s.value_dim
+        );
+        let state_len = s.value_heads * s.key_dim * s.value_dim;
+        // Decode and prefill, the gates' decay as they come (a around 0) and slow (a around -6:
+        // exp(g) close to 1, the state keeps most of 64 tokens).
+        for (rows, a_shift) in [(1usize, 0.0f32), (64, 0.0), (64, -6.0)] {
+            let (qkv, beta, g) = recurrence_inputs(&mut rng, rows, s, a_shift);
+            let state0 = random(&mut rng, state_len, 1.0);
+            let mut cpu_state = state0.clone();
+            let want = cpu_gdn::recurrence(&qkv, &beta, &g, &mut cpu_state, rows, s);
+            let (dq, db, dg) = (
+                gpu.upload(&qkv, "qkv").unwrap(),
+                gpu.upload(&beta, "beta").unwrap(),
+                gpu.upload(&g, "g").unwrap(),
+            );
+            let mut dstate = gpu.upload(&state0, "state").unwrap();
+            let o = gdn::gdn_recurrence(&gpu, &dq, &db, &dg, &mut dstate, rows, s).unwrap();
+            let sh = format!("T{rows} {name} a{a_shift:+}");
+            report.check(
+                "gdn_recurrence_reference_f32 o",
+                &sh,
+                &down(&gpu, &o),
+                &want,
+            );
+            report.check(
+                "gdn_recurrence_reference_f32 S",
+                &sh,
+                &down(&gpu, &dstate),
+                &cpu_state,
+            );
+        }
+
+        // 8 rows at once, and 5 then 3 with the state carried, on both sides.
+        let (qkv, beta, g) = recurrence_inputs(&mut rng, 8, s, 0.0);
+        let state0 = random(&mut rng, state_len, 1.0);
+        let width = qkv.len() / 8;
+        let vh = s.value_heads;
+        let (q5, q3) = qkv.split_at(5 * width);
+        let (b5, b3) = beta.split_at(5 * vh);
+        let (g5, g3) = g.split_at(5 * vh);
+        let mut cpu_whole_state = state0.clone();
+        let cpu_whole = cpu_gdn::recurrence(&qkv, &beta, &g, &mut cpu_whole_state, 8, s);
+        let mut cpu_split_state = state0.clone();
+        let mut cpu_split = cpu_gdn::recurrence(q5, b5, g5, &mut cpu_split_state, 5, s);
+        cpu_split.extend(cpu_gdn::recurrence(q3, b3, g3, &mut cpu_split_state, 3, s));
+        let sh = format!("T5+3 {name}");
+        report.same("gdn_recurrence o (cpu)", &sh, &cpu_split, &cpu_whole);
+        report.same(
+            "gdn_recurrence S (cpu)",
+            &sh,
+            &cpu_split_state,
+            &cpu_whole_state,
+        );
+
+        let up = |v: &[f32]| gpu.upload(v, "recurrence input").unwrap();
+        let mut dstate = up(&state0);
+        let gpu_whole = down(
+            &gpu,
+            &gdn::gdn_recurrence(&gpu, &up(&qkv), &up(&beta), &up(&g), &mut dstate, 8, s).unwrap(),
+        );
+        let gpu_whole_state = down(&gpu, &dstate);
+        let mut dstate = up(&state0);
+        let mut gpu_split = down(
+            &gpu,
+            &gdn::gdn_recurrence(&gpu, &up(q5), &up(b5), &up(g5), &mut dstate, 5, s).unwrap(),
+        );
+        gpu_split.extend(down(
+            &gpu,
+            &gdn::gdn_recurrence(&gpu, &up(q3), &up(b3), &up(g3), &mut dstate, 3, s).unwrap(),
+        ));
+        let gpu_split_state = down(&gpu, &dstate);
+        report.same(
+            "gdn_recurrence_reference_f32 o",
+            &sh,
+            &gpu_split,
+            &gpu_whole,
+        );
+        report.same(
+            "gdn_recurrence_reference_f32 S",
+            &sh,
+            &gpu_split_state,
+            &gpu_whole_state,
+        );
+        report.check(
+            "gdn_recurrence_reference_f32 o",
+            &sh,
+            &gpu_split,
+            &cpu_whole,
+        );
+        report.check(
+            "gdn_recurrence_reference_f32 S",
+            &sh,
+            &gpu_split_state,
+            &cpu_whole_state,
+        );
+    }
+    gpu.sync("the gdn_recurrence checks").unwrap();
+    println!("{} gdn_recurrence checks passed", report.0.len());
+}
+
+/// Bad shapes are errors naming the kernel, not launches.
+#[test]
+fn gdn_shape_errors_name_the_kernel() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
+    let w = gpu.upload(&[1.0f32; 16 * 4], "w").unwrap();
+    // Window for kernel 4, dilation 1 needs 3 rows of 16; give 2.
+    let mut window = gpu.upload(&[0.0f32; 32], "window").unwrap();
+    let err =
+        gdn::causal_conv(&gpu, &x, &mut window, &w, 2, 4, 1, true).expect_err("a shape error");
+    assert!(
+        err.to_string().contains("causal_conv_reference_f32"),
+        "{err}"
+    );
+
+    let v = gpu.upload(&[0.0f32; 8], "v").unwrap();
+    let err = gdn::gdn_gates(&gpu, &v, &v, &v, &v, 2, 4).expect_err("a shape error");
+    assert!(err.to_string().contains("gdn_gates_reference_f32"), "{err}");
+
+    let s = GdnShape {
+        key_heads: 1,
+        value_heads: 1,
+        key_dim: 1024,
+        value_dim: 1,
+    };
+    let qkv = gpu.upload(&vec![0.0f32; 2 * 1024 + 1], "qkv").unwrap();
+    let one = gpu.upload(&[0.0f32], "one").unwrap();
+    let mut state = gpu.upload(&vec![0.0f32; 1024], "state").unwrap();
+    let err = gdn::gdn_recurrence(&gpu, &qkv, &one, &one, &mut state, 1, &s)
+        .expect_err("a shape error: dk above the kernel's limit");
+    assert!(
+        err.to_string().contains("gdn_recurrence_reference_f32"),
+        "{err}"
+    );
+}

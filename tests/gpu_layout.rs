@@ -1,0 +1,389 @@
+//! The layout kernels (`kernels/layout.cu`, `exec::cuda::launch::layout`) against the CPU
+//! reference on fresh random inputs, at tiny shapes (odd ones too, for the scalar paths) and at
+//! the real Qwen3.8-Flash-Next shapes: H 2560, 4 streams, hyper rank 320, 24 attention heads of
+//! 256, 48 GDN value heads of 128, the shared expert 2560→640; 1 and 16 rows.
+//!
+//! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
+//! `results/`). Elsewhere (CI) it says so and checks nothing else.
+//!
+//! Bounds as `tests/gpu_kernels.rs`: within 1e-5 relative (‖gpu − cpu‖ / ‖cpu‖), and max |diff| /
+//! max |cpu| within 1e-4. bf16 weights are compared with the reference on the same bf16 values
+//! widened to f32, so only the summation order differs.
+
+use graphrun::exec::cuda::launch::{layout, DeviceMatrix};
+use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::ir::GateActivation;
+use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const F32_BOUND: f64 = 1e-5;
+
+fn gpu_or_skip() -> Option<Gpu> {
+    match probe() {
+        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Err(e) => {
+            println!("GPU layout tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
+            None
+        }
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect()
+}
+
+fn widen(bits: &[u16]) -> Vec<f32> {
+    bits.iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+/// The weights on the device (as bf16 bits when `bf16`) and the values the reference uses.
+fn matrix(gpu: &Gpu, w: &[f32], bf16: bool) -> (DeviceMatrix, Vec<f32>) {
+    if bf16 {
+        let bits = bf16_bits(w);
+        let want = widen(&bits);
+        (DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap()), want)
+    } else {
+        (DeviceMatrix::F32(gpu.upload(w, "w").unwrap()), w.to_vec())
+    }
+}
+
+fn dtype(bf16: bool) -> &'static str {
+    if bf16 {
+        "bf16"
+    } else {
+        "f32"
+    }
+}
+
+/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
+fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_diff = max_diff.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    (
+        (num / den.max(1e-300)).sqrt(),
+        max_diff / max_ref.max(1e-300),
+    )
+}
+
+struct Report(Vec<String>);
+
+impl Report {
+    fn check(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+        let (rel, max) = errors(got, want);
+        let line = format!("{kernel:<30} {shape:<30} rel {rel:.2e}  max {max:.2e}");
+        println!("{line}");
+        self.0.push(line);
+        assert!(
+            rel <= F32_BOUND && max <= F32_BOUND * 10.0,
+            "{kernel} at {shape}: rel {rel:e}, max {max:e}"
+        );
+    }
+}
+
+/// (rows, H, streams): tiny, odd, and the real hyper state of a decode step and a 16-token chunk.
+const STREAM_SHAPES: [(usize, usize, usize); 5] = [
+    (3, 32, 2),
+    (3, 32, 4),
+    (2, 33, 3),
+    (1, 2560, 4),
+    (16, 2560, 4),
+];
+
+#[test]
+fn layout_kernels_match_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    println!(
+        "device: {} (sm_{}{}), {} GiB",
+        gpu.info.name,
+        gpu.info.compute_capability.0,
+        gpu.info.compute_capability.1,
+        gpu.info.memory_bytes >> 30
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(0x1a70);
+    let mut report = Report(Vec::new());
+    let get = |gpu: &Gpu, y: &cudarc::driver::CudaSlice<f32>| gpu.download(y, "y").unwrap();
+
+    // Stream layout: repeat, mean, write.
+    for (rows, h, c) in STREAM_SHAPES {
+        let s = format!("T{rows} H{h} C{c}");
+        let x = random(&mut rng, rows * h);
+        let dx = gpu.upload(&x, "x").unwrap();
+        report.check(
+            "repeat_streams_reference_f32",
+            &s,
+            &get(&gpu, &layout::repeat_streams(&gpu, &dx, rows, c).unwrap()),
+            &ew::repeat_streams(&x, rows, c),
+        );
+
+        let hs = random(&mut rng, rows * c * h);
+        let dh = gpu.upload(&hs, "h").unwrap();
+        report.check(
+            "stream_mean_reference_f32",
+            &s,
+            &get(&gpu, &layout::stream_mean(&gpu, &dh, rows, c).unwrap()),
+            &ew::stream_mean(&hs, rows, c),
+        );
+
+        let inj: Vec<f32> = random(&mut rng, rows * c).iter().map(|v| v + 1.0).collect();
+        let di = gpu.upload(&inj, "inj").unwrap();
+        report.check(
+            "hc_write_reference_f32",
+            &s,
+            &get(
+                &gpu,
+                &layout::hc_write(&gpu, &dh, &di, &dx, rows, c).unwrap(),
+            ),
+            &ew::hc_write(&hs, &inj, &x, rows, c),
+        );
+    }
+
+    // Column slices: tiny, and the real GDN qkv split (q 2048, k 2048, v 6144 of 10240) and the
+    // attention q/gate halves of 12288.
+    for (rows, width, start, len) in [
+        (3, 64, 5, 17),
+        (2, 9, 0, 9),
+        (1, 10240, 0, 2048),
+        (16, 10240, 4096, 6144),
+        (16, 12288, 6144, 6144),
+    ] {
+        let x = random(&mut rng, rows * width);
+        let dx = gpu.upload(&x, "x").unwrap();
+        report.check(
+            "slice_reference_f32",
+            &format!("T{rows} W{width} [{start}, +{len})"),
+            &get(
+                &gpu,
+                &layout::slice_cols(&gpu, &dx, rows, start, len).unwrap(),
+            ),
+            &ew::slice_cols(&x, rows, start, len),
+        );
+    }
+
+    // The last row: tiny, and the real hyper state and logits input.
+    for (rows, width) in [(3, 64), (1, 10240), (16, 10240), (16, 2560)] {
+        let x = random(&mut rng, rows * width);
+        let dx = gpu.upload(&x, "x").unwrap();
+        report.check(
+            "last_row (copy)",
+            &format!("T{rows} W{width}"),
+            &get(&gpu, &layout::last_row(&gpu, &dx, rows).unwrap()),
+            &ew::last_row(&x, rows),
+        );
+    }
+
+    // q/gate split: tiny, odd, and the real 24 heads of 256.
+    for (rows, heads, hd) in [(3, 2, 32), (3, 3, 5), (1, 24, 256), (16, 24, 256)] {
+        let qg = random(&mut rng, rows * heads * 2 * hd);
+        let dqg = gpu.upload(&qg, "qg").unwrap();
+        let (q, g) = layout::split_q_gate(&gpu, &dqg, rows, heads, hd).unwrap();
+        let (wq, wg) = attention::split_q_gate(&qg, rows, heads, hd);
+        let s = format!("T{rows} {heads}x{hd}");
+        report.check("split_q_gate_reference_f32 q", &s, &get(&gpu, &q), &wq);
+        report.check("split_q_gate_reference_f32 g", &s, &get(&gpu, &g), &wg);
+    }
+
+    // Hyper-connection read chain and injection gains: (rows, H, streams, rank).
+    for (rows, h, c, r) in [
+        (3, 32, 2, 8),
+        (3, 32, 4, 8),
+        (2, 33, 3, 5),
+        (1, 2560, 4, 320),
+        (16, 2560, 4, 320),
+    ] {
+        let width = c * h;
+        let hn = random(&mut rng, rows * width);
+        let dhn = gpu.upload(&hn, "hn").unwrap();
+        let wd = random(&mut rng, r * width);
+        let wu = random(&mut rng, width * r);
+        let wi = random(&mut rng, c * width);
+        for bf16 in [false, true] {
+            let s = format!("T{rows} H{h} C{c} R{r}");
+            let (dd, rd) = matrix(&gpu, &wd, bf16);
+            let (du, ru) = matrix(&gpu, &wu, bf16);
+            report.check(
+                &format!("hc_mix_reference_{}", dtype(bf16)),
+                &s,
+                &get(
+                    &gpu,
+                    &layout::hc_mix(&gpu, &dhn, &dd, &du, rows, c).unwrap(),
+                ),
+                &hyper::hc_mix(&hn, &rd, &ru, rows, c),
+            );
+            let (di, ri) = matrix(&gpu, &wi, bf16);
+            report.check(
+                &format!("hc_inject_reference_{}", dtype(bf16)),
+                &s,
+                &get(&gpu, &layout::hc_inject(&gpu, &dhn, &di, rows, c).unwrap()),
+                &hyper::hc_inject(&hn, &ri, rows, c),
+            );
+        }
+    }
+
+    // Fused SwiGLU: tiny odd shapes (the scalar path), more tokens than a warp takes at once
+    // (8), and the real shared expert 2560→640.
+    for (rows, k, n) in [
+        (3, 37, 19),
+        (3, 64, 24),
+        (9, 32, 40),
+        (1, 2560, 640),
+        (16, 2560, 640),
+    ] {
+        let x = random(&mut rng, rows * k);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let wg = random(&mut rng, n * k);
+        let wu = random(&mut rng, n * k);
+        for bf16 in [false, true] {
+            let (dg, rg) = matrix(&gpu, &wg, bf16);
+            let (du, ru) = matrix(&gpu, &wu, bf16);
+            report.check(
+                &format!("swiglu_linear_reference_{}", dtype(bf16)),
+                &format!("T{rows} {k}->{n}"),
+                &get(
+                    &gpu,
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                ),
+                &linear::swiglu(&x, &rg, &ru, rows, k, n),
+            );
+        }
+    }
+
+    // Gated RMS norm: (rows, heads, head_dim, weight len): tiny, a per-channel weight, the real
+    // GDN output (48 value heads of 128) and 24 heads of 256.
+    for (rows, heads, hd, wlen) in [
+        (3, 4, 32, 32),
+        (3, 3, 33, 99),
+        (1, 48, 128, 128),
+        (16, 48, 128, 128),
+        (16, 24, 256, 256),
+    ] {
+        let x = random(&mut rng, rows * heads * hd);
+        let gate = random(&mut rng, rows * heads * hd);
+        let w = random(&mut rng, wlen);
+        let (dx, dg, dw) = (
+            gpu.upload(&x, "x").unwrap(),
+            gpu.upload(&gate, "gate").unwrap(),
+            gpu.upload(&w, "w").unwrap(),
+        );
+        for (sigmoid, act) in [
+            (true, GateActivation::Sigmoid),
+            (false, GateActivation::Silu),
+        ] {
+            report.check(
+                "gated_rms_norm_reference_f32",
+                &format!(
+                    "T{rows} {heads}x{hd} w{wlen} {}",
+                    if sigmoid { "sigmoid" } else { "silu" }
+                ),
+                &get(
+                    &gpu,
+                    &layout::gated_rms_norm(&gpu, &dx, &dg, &dw, hd, sigmoid, 1e-6).unwrap(),
+                ),
+                &norm::gated_rms_norm(&x, &gate, &w, hd, act, 1e-6),
+            );
+        }
+    }
+
+    // PLE gate: random at tiny and real shapes, then the edges of the signed square root: a zero
+    // dot product (sign 0: gain 1/2) and tiny ones of both signs (under the 1e-6 floor).
+    for (rows, h, c) in STREAM_SHAPES {
+        let key = random(&mut rng, rows * c * h);
+        let query = random(&mut rng, rows * c * h);
+        let value = random(&mut rng, rows * h);
+        let (dk, dq, dv) = (
+            gpu.upload(&key, "key").unwrap(),
+            gpu.upload(&query, "query").unwrap(),
+            gpu.upload(&value, "value").unwrap(),
+        );
+        report.check(
+            "ple_gate_reference_f32",
+            &format!("T{rows} H{h} C{c}"),
+            &get(
+                &gpu,
+                &layout::ple_gate(&gpu, &dk, &dq, &dv, rows, c).unwrap(),
+            ),
+            &ple::gate(&key, &query, &value, rows, c),
+        );
+    }
+    {
+        let (rows, h, c) = (2, 32, 2);
+        let mut key = random(&mut rng, rows * c * h);
+        let query = random(&mut rng, rows * c * h);
+        let value = random(&mut rng, rows * h);
+        // Row 0: stream 0 all zero, stream 1 a dot of 1e-8 * query; row 1, stream 0: -1e-8 * query.
+        key[..h].fill(0.0);
+        key[h..2 * h].fill(0.0);
+        key[h] = 1e-8;
+        key[2 * h..3 * h].fill(0.0);
+        key[2 * h] = -1e-8;
+        let (dk, dq, dv) = (
+            gpu.upload(&key, "key").unwrap(),
+            gpu.upload(&query, "query").unwrap(),
+            gpu.upload(&value, "value").unwrap(),
+        );
+        report.check(
+            "ple_gate_reference_f32",
+            "T2 H32 C2 zero/tiny dots",
+            &get(
+                &gpu,
+                &layout::ple_gate(&gpu, &dk, &dq, &dv, rows, c).unwrap(),
+            ),
+            &ple::gate(&key, &query, &value, rows, c),
+        );
+    }
+
+    gpu.sync("the layout kernel checks").unwrap();
+    println!(
+        "{} checks passed; compiled this run: {:?}",
+        report.0.len(),
+        gpu.compiled.lock().unwrap()
+    );
+}
+
+/// A bad launch is an error naming the kernel, not a crash.
+#[test]
+fn layout_shape_errors_name_the_kernel() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let x = gpu.upload(&[1.0f32; 12], "x").unwrap();
+    let f32_w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
+    let bf16_w = DeviceMatrix::Bf16(gpu.upload(&[0u16; 12], "w").unwrap());
+
+    let err = layout::slice_cols(&gpu, &x, 2, 4, 3).expect_err("a shape error");
+    assert!(err.to_string().contains("slice_reference_f32"), "{err}");
+
+    let err = layout::swiglu(&gpu, &x, &f32_w, &bf16_w, 3, 4, 3).expect_err("a shape error");
+    assert!(
+        err.to_string().contains("swiglu_linear_reference_f32"),
+        "{err}"
+    );
+
+    // hn [1, 12], down [1, 12], up of 12 values where 12 are wanted: fine; 6 are not.
+    let short = DeviceMatrix::Bf16(gpu.upload(&[0u16; 6], "up").unwrap());
+    let err = layout::hc_mix(&gpu, &x, &bf16_w, &short, 1, 4).expect_err("a shape error");
+    assert!(err.to_string().contains("hc_mix_reference_bf16"), "{err}");
+
+    let err = layout::split_q_gate(&gpu, &x, 1, 2, 4).expect_err("a shape error");
+    assert!(
+        err.to_string().contains("split_q_gate_reference_f32"),
+        "{err}"
+    );
+
+    let err = layout::last_row(&gpu, &x, 5).expect_err("a shape error");
+    assert!(err.to_string().contains("last_row"), "{err}");
+}

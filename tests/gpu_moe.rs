@@ -1,0 +1,466 @@
+//! The MoE and PLE n-gram kernels (`kernels/moe.cu`, `src/exec/cuda/launch/moe.rs`) against the
+//! CPU reference (`ops::moe::{route, token_major}`, `ops::ple::ngram_ids`) on fresh random inputs,
+//! at tiny shapes and at the real ones (512 experts, top 10; H 2560, I 640 with 64 experts to save
+//! memory; 1 and 16 rows).
+//!
+//! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
+//! `results/`). Elsewhere (CI) it says so and checks nothing else.
+//!
+//! Bounds: router ids exactly equal, weights within 1e-6 relative (the device's exp is not the
+//! CPU's; the sums are in the reference's order); experts within 1e-5 relative (‖gpu − cpu‖ /
+//! ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against the reference on the
+//! same bf16 values widened; n-gram ids and the carried history exactly equal.
+
+use graphrun::exec::cuda::launch::{moe as gmoe, DeviceMatrix};
+use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::ops::{moe, ple};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const F32_BOUND: f64 = 1e-5;
+const ROUTER_WEIGHT_BOUND: f32 = 1e-6;
+
+fn gpu_or_skip() -> Option<Gpu> {
+    match probe() {
+        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Err(e) => {
+            println!("GPU MoE tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
+            None
+        }
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect()
+}
+
+fn widen(bits: &[u16]) -> Vec<f32> {
+    bits.iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
+fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_diff = max_diff.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    (
+        (num / den.max(1e-300)).sqrt(),
+        max_diff / max_ref.max(1e-300),
+    )
+}
+
+fn check(kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+    let (rel, max) = errors(got, want);
+    println!("{kernel:<28} {shape:<36} rel {rel:.2e}  max {max:.2e}");
+    assert!(
+        rel <= F32_BOUND && max <= F32_BOUND * 10.0,
+        "{kernel} at {shape}: rel {rel:e}, max {max:e}"
+    );
+}
+
+/// The reference's softmax of one row (as `ops::moe::route` computes it).
+fn softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+/// Whether two of the `k + 1` largest probabilities are so close that the device's exp (not
+/// bit-identical to the CPU's) could order them differently.
+fn near_tie(row: &[f32], k: usize) -> bool {
+    let mut p = softmax(row);
+    p.sort_by(|a, b| b.total_cmp(a));
+    p[..(k + 1).min(p.len())]
+        .windows(2)
+        .any(|w| w[0] - w[1] <= 1e-5 * w[0])
+}
+
+/// Random router logits `[rows, experts]` without near-ties among each row's top k + 1 (such a
+/// row is drawn again).
+fn logits(rng: &mut ChaCha8Rng, rows: usize, experts: usize, k: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * experts);
+    for _ in 0..rows {
+        loop {
+            let row = random(rng, experts, 4.0);
+            if !near_tie(&row, k) {
+                out.extend(row);
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn router_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
+    // (rows, experts, top_k): tiny; not a multiple of 32; the real 512/10 at decode, 16 rows
+    // and a prefill; more experts than threads per block; the largest top k.
+    for (rows, experts, k) in [
+        (3, 8, 2),
+        (5, 60, 7),
+        (1, 512, 10),
+        (16, 512, 10),
+        (300, 512, 10),
+        (2, 1000, 64),
+        (4, 64, 64),
+    ] {
+        let l = logits(&mut rng, rows, experts, k);
+        let dl = gpu.upload(&l, "logits").unwrap();
+        for normalize in [true, false] {
+            let (want_ids, want_w) = moe::route(&l, experts, k, normalize);
+            let (ids, w) = gmoe::moe_router(&gpu, &dl, rows, experts, k, normalize).unwrap();
+            let got_ids = gpu.download(&ids, "ids").unwrap();
+            let got_w = gpu.download(&w, "weights").unwrap();
+            let shape = format!("{rows}x{experts} top {k} norm {}", normalize as u8);
+            assert_eq!(got_ids, want_ids, "moe_router ids at {shape}");
+            let mut worst = 0.0f32;
+            for (i, (&g, &r)) in got_w.iter().zip(&want_w).enumerate() {
+                let rel = (g - r).abs() / r.abs();
+                assert!(
+                    rel <= ROUTER_WEIGHT_BOUND,
+                    "moe_router weight {i} at {shape}: {g} vs {r} (rel {rel:e})"
+                );
+                worst = worst.max(rel);
+            }
+            println!(
+                "{:<28} {shape:<36} ids equal, weights rel {worst:.2e}",
+                "moe_router_reference_f32"
+            );
+        }
+    }
+    gpu.sync("the router checks").unwrap();
+}
+
+/// The router's shape checks answer with errors naming the kernel.
+#[test]
+fn router_shape_errors_name_the_kernel() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let l = gpu.upload(&[0.0f32; 16], "logits").unwrap();
+    for (rows, experts, k) in [(2, 8, 9), (3, 8, 2), (1, 16, 0)] {
+        let err = gmoe::moe_router(&gpu, &l, rows, experts, k, true).expect_err("a shape error");
+        assert!(
+            err.to_string().contains("moe_router_reference_f32"),
+            "{err}"
+        );
+    }
+}
+
+/// Weights of one expert bank: f32 or bf16 on the device, and the values the reference uses.
+fn bank(gpu: &Gpu, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
+    if bf16 {
+        let bits = bf16_bits(&w);
+        drop(w);
+        let dev = DeviceMatrix::Bf16(gpu.upload(&bits, "bank").unwrap());
+        (dev, widen(&bits))
+    } else {
+        (DeviceMatrix::F32(gpu.upload(&w, "bank").unwrap()), w)
+    }
+}
+
+#[test]
+fn experts_match_the_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
+    // (rows, experts, hidden, intermediate, top_k): odd sizes (no 16-byte loads); sizes with
+    // f32 16-byte loads but not bf16 ones; the real H 2560, I 640, top 10 with 64 experts at
+    // decode and at 16 rows.
+    for (rows, experts, hidden, inter, k) in [
+        (3, 5, 37, 13, 3),
+        (2, 6, 68, 20, 4),
+        (5, 9, 64, 40, 9),
+        (1, 64, 2560, 640, 10),
+        (16, 64, 2560, 640, 10),
+    ] {
+        let x = random(&mut rng, rows * hidden, 1.0);
+        let l = logits(&mut rng, rows, experts, k);
+        let (ids, w) = moe::route(&l, experts, k, true);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let di = gpu.upload(&ids, "ids").unwrap();
+        let dw = gpu.upload(&w, "w").unwrap();
+        for bf16 in [false, true] {
+            let gu_scale = 1.0 / (hidden as f32).sqrt();
+            let down_scale = 1.0 / (inter as f32).sqrt();
+            let (dgu, gu) = bank(
+                &gpu,
+                random(&mut rng, experts * 2 * inter * hidden, gu_scale),
+                bf16,
+            );
+            let (ddown, down) = bank(
+                &gpu,
+                random(&mut rng, experts * hidden * inter, down_scale),
+                bf16,
+            );
+            let reference = moe::ExpertBank {
+                gate_up: &gu,
+                down: &down,
+                hidden,
+                intermediate: inter,
+            };
+            let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
+            let y = gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
+                .unwrap();
+            let got = gpu.download(&y, "y").unwrap();
+            let kernel = if bf16 {
+                "moe_experts_*_bf16"
+            } else {
+                "moe_experts_*_f32"
+            };
+            let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
+            check(kernel, &shape, &got, &want);
+
+            // The real path: routed on the device, the ids never leave it.
+            if rows == 16 {
+                let dl = gpu.upload(&l, "logits").unwrap();
+                let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
+                assert_eq!(gpu.download(&ri, "ids").unwrap(), ids);
+                let y =
+                    gmoe::moe_experts(&gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter)
+                        .unwrap();
+                let got = gpu.download(&y, "y").unwrap();
+                check(kernel, &format!("{shape} (device route)"), &got, &want);
+            }
+        }
+    }
+
+    // An id out of range poisons its token's row with NaN and reads nothing out of bounds;
+    // the other tokens are untouched.
+    let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
+    let x = random(&mut rng, rows * hidden, 1.0);
+    let gu = random(&mut rng, experts * 2 * inter * hidden, 0.25);
+    let down = random(&mut rng, experts * hidden * inter, 0.35);
+    let ids = vec![0i64, 2, 1, experts as i64];
+    let w = vec![0.5f32, 0.5, 0.5, 0.5];
+    let y = gmoe::moe_experts(
+        &gpu,
+        &gpu.upload(&x, "x").unwrap(),
+        &gpu.upload(&ids, "ids").unwrap(),
+        &gpu.upload(&w, "w").unwrap(),
+        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
+        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
+        rows,
+        k,
+        hidden,
+        inter,
+    )
+    .unwrap();
+    let got = gpu.download(&y, "y").unwrap();
+    assert!(got[hidden..].iter().all(|v| v.is_nan()), "{got:?}");
+    let reference = moe::ExpertBank {
+        gate_up: &gu,
+        down: &down,
+        hidden,
+        intermediate: inter,
+    };
+    let want = moe::token_major(&x[..hidden], &ids[..k], &w[..k], 1, k, &reference);
+    check(
+        "moe_experts_*_f32",
+        "bad id in another row",
+        &got[..hidden],
+        &want,
+    );
+    gpu.sync("the expert checks").unwrap();
+}
+
+#[test]
+fn experts_shape_errors_name_the_kernel() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let x = gpu.upload(&[1.0f32; 8], "x").unwrap();
+    let ids = gpu.upload(&[0i64; 2], "ids").unwrap();
+    let w = gpu.upload(&[0.5f32; 2], "w").unwrap();
+    let gu = DeviceMatrix::F32(gpu.upload(&[1.0f32; 2 * 2 * 4 * 2], "gate_up").unwrap());
+    let down = DeviceMatrix::Bf16(gpu.upload(&[0u16; 2 * 4 * 2 + 1], "down").unwrap());
+    let err =
+        gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2).expect_err("a shape error");
+    assert!(err.to_string().contains("moe_experts_down_bf16"), "{err}");
+    let err =
+        gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3).expect_err("a shape error");
+    assert!(err.to_string().contains("moe_experts_gate_up_f32"), "{err}");
+}
+
+/// One n-gram configuration: eos, ngram, heads per n-gram, multipliers, sizes, offsets.
+struct Ngram {
+    eos: i64,
+    ngram: usize,
+    hpn: usize,
+    multipliers: Vec<i64>,
+    sizes: Vec<i64>,
+    offsets: Vec<i64>,
+}
+
+impl Ngram {
+    fn tiny() -> Ngram {
+        Ngram {
+            eos: 2,
+            ngram: 3,
+            hpn: 2,
+            multipliers: vec![73077407744147129, 4156873792259893, 23288516139688959],
+            sizes: vec![31, 37, 41, 43],
+            offsets: vec![0, 31, 68, 109],
+        }
+    }
+
+    /// The real config's first PLE layer (the spec's second test vector).
+    fn real() -> Ngram {
+        let sizes: Vec<i64> = vec![
+            20000003, 20000023, 20000033, 20000047, 20000059, 20000063, 20000069, 20000077,
+            20000081, 20000093, 20000107, 20000147, 20000153, 20000159, 20000161, 20000171,
+        ];
+        Ngram {
+            eos: 248044,
+            ngram: 3,
+            hpn: 8,
+            multipliers: vec![23703573157769, 20109073645365, 8052911324071],
+            offsets: prefix_sums(&sizes),
+            sizes,
+        }
+    }
+
+    /// Random: full-range multipliers (products wrap, mixes go negative), sizes up to 1e7.
+    fn random(rng: &mut ChaCha8Rng, ngram: usize, hpn: usize) -> Ngram {
+        let heads = (ngram - 1) * hpn;
+        let sizes: Vec<i64> = (0..heads)
+            .map(|_| rng.random_range(2..10_000_000))
+            .collect();
+        Ngram {
+            eos: 2,
+            ngram,
+            hpn,
+            multipliers: (0..ngram).map(|_| rng.random::<i64>() | 1).collect(),
+            offsets: prefix_sums(&sizes),
+            sizes,
+        }
+    }
+
+    fn cpu(&self, tokens: &[i64], history: &mut [i64]) -> Vec<i64> {
+        ple::ngram_ids(
+            tokens,
+            history,
+            self.eos,
+            self.ngram,
+            self.hpn,
+            &self.multipliers,
+            &self.sizes,
+            &self.offsets,
+        )
+    }
+
+    /// Feeds `tokens` to the device in chunks of the given lengths, the history carried in one
+    /// device buffer; returns all the ids and the final history.
+    fn gpu(&self, gpu: &Gpu, tokens: &[i64], chunks: &[usize]) -> (Vec<i64>, Vec<i64>) {
+        let m = gpu.upload(&self.multipliers, "multipliers").unwrap();
+        let s = gpu.upload(&self.sizes, "sizes").unwrap();
+        let o = gpu.upload(&self.offsets, "offsets").unwrap();
+        let mut history = gpu
+            .upload(&vec![self.eos; self.ngram - 1], "history")
+            .unwrap();
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for &n in chunks {
+            let t = gpu.upload(&tokens[at..at + n], "tokens").unwrap();
+            let d = gmoe::ple_ngram_ids(
+                gpu,
+                &t,
+                &mut history,
+                n,
+                self.eos,
+                self.ngram,
+                self.hpn,
+                &m,
+                &s,
+                &o,
+            )
+            .unwrap();
+            ids.extend(gpu.download(&d, "ids").unwrap());
+            at += n;
+        }
+        assert_eq!(at, tokens.len());
+        (ids, gpu.download(&history, "history").unwrap())
+    }
+}
+
+fn prefix_sums(sizes: &[i64]) -> Vec<i64> {
+    sizes
+        .iter()
+        .scan(0, |acc, s| {
+            let o = *acc;
+            *acc += s;
+            Some(o)
+        })
+        .collect()
+}
+
+#[test]
+fn ngram_ids_match_the_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+
+    // The spec's tiny test vector (computed by transformers).
+    let tiny = Ngram::tiny();
+    let tokens = [5i64, 6, 2, 7, 8, 9];
+    let want = [
+        [23, 58, 92, 134],
+        [9, 38, 105, 121],
+        [8, 49, 94, 120],
+        [24, 64, 101, 118],
+        [26, 58, 107, 135],
+        [21, 64, 102, 140],
+    ]
+    .concat();
+    for chunks in [vec![6], vec![1; 6], vec![2, 4], vec![5, 1]] {
+        let (ids, history) = tiny.gpu(&gpu, &tokens, &chunks);
+        assert_eq!(ids, want, "tiny test vector in chunks {chunks:?}");
+        assert_eq!(history, vec![8, 9], "tiny history in chunks {chunks:?}");
+    }
+    println!("ple_ngram_ids_reference_i64  the spec's tiny test vector: equal");
+
+    // The spec's real test vector: the reference (which its unit test pins to the spec).
+    let real = Ngram::real();
+    let tokens = [9707i64, 11, 1879, 248044, 151, 33];
+    let mut h = vec![real.eos; 2];
+    let want = real.cpu(&tokens, &mut h);
+    for chunks in [vec![6], vec![3, 3], vec![4, 1, 1]] {
+        assert_eq!(real.gpu(&gpu, &tokens, &chunks), (want.clone(), h.clone()));
+    }
+    println!("ple_ngram_ids_reference_i64  the spec's real test vector: equal");
+
+    // Random: tokens from a small vocabulary so that eos (2) is frequent, runs of eos included;
+    // history carried across chunks (5 then 3 tokens equals 8 at once), and more tokens than
+    // threads in the block.
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0003);
+    for (ngram, hpn) in [(2, 1), (3, 2), (3, 8), (4, 3), (6, 2)] {
+        let cfg = Ngram::random(&mut rng, ngram, hpn);
+        for (len, chunks) in [
+            (8, vec![8]),
+            (8, vec![5, 3]),
+            (8, vec![1, 1, 1, 1, 1, 1, 1, 1]),
+            (700, vec![700]),
+            (700, vec![1, 299, 3, 397]),
+        ] {
+            let tokens: Vec<i64> = (0..len).map(|_| rng.random_range(0..12)).collect();
+            let mut h = vec![cfg.eos; ngram - 1];
+            let want = cfg.cpu(&tokens, &mut h);
+            let (ids, history) = cfg.gpu(&gpu, &tokens, &chunks);
+            assert_eq!(ids, want, "ngram {ngram} hpn {hpn}, chunks {chunks:?}");
+            assert_eq!(history, h, "ngram {ngram} hpn {hpn}, chunks {chunks:?}");
+        }
+        println!("ple_ngram_ids_reference_i64  random, ngram {ngram} hpn {hpn}: equal");
+    }
+    gpu.sync("the n-gram checks").unwrap();
+}
