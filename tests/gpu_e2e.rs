@@ -70,3 +70,50 @@ fn fixtures_on_the_gpu() {
         assert_eq!(greedy, exp.greedy, "{name}: greedy tokens");
     }
 }
+
+/// CUDA-graph replay equals eager launches bit for bit, at several positions: prefill chunks of
+/// one size (the second and later are replays) and decode steps (replays from the second on).
+#[test]
+fn graph_replay_equals_eager() {
+    if probe().is_err() {
+        return;
+    }
+    for dir in common::fixture_dirs() {
+        let exp = common::expected(&dir);
+        let graphs = Model::load(&dir, cuda()).unwrap();
+        let eager = Model::load(
+            &dir,
+            ModelOptions {
+                no_cuda_graphs: true,
+                ..cuda()
+            },
+        )
+        .unwrap();
+        let run = |m: &Model| {
+            let mut s = m.session();
+            let mut out = Vec::new();
+            for chunk in exp.prompt.chunks(4).filter(|c| c.len() == 4) {
+                out.push(s.prefill(chunk, LogitsMode::All).unwrap().data);
+            }
+            let last = out.last().unwrap();
+            let mut next = graphrun::runtime::sampling::argmax(&last[last.len() - exp.vocab..]);
+            for _ in 0..12 {
+                let logits = s.decode(next).unwrap();
+                next = graphrun::runtime::sampling::argmax(&logits);
+                out.push(logits);
+            }
+            (out, s.graph_replays())
+        };
+        let (a, replays) = run(&graphs);
+        let (b, none) = run(&eager);
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        println!(
+            "{name:<22} {} steps, {replays} graph replays: replay == eager bit for bit: {}",
+            a.len(),
+            a == b
+        );
+        assert_eq!(none, 0);
+        assert!(replays >= 11, "{name}: only {replays} replays");
+        assert!(a == b, "{name}: graph replay differs from eager launches");
+    }
+}

@@ -79,6 +79,9 @@ struct Placement {
     /// Longest context a GPU session holds (its caches are preallocated).
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
+    /// On the GPU, launch every step's kernels eagerly instead of replaying CUDA graphs.
+    #[arg(long)]
+    no_graphs: bool,
 }
 
 #[derive(Args)]
@@ -197,6 +200,7 @@ fn load_model(
         fusions: schedule.fusions(),
         device: placement.device,
         context_capacity: placement.context,
+        no_cuda_graphs: placement.no_graphs,
     };
     let model = Model::load(dir, options)?;
     if let Some(notice) = &model.fallback_notice {

@@ -26,6 +26,8 @@ pub struct ModelOptions {
     pub fusions: Option<Vec<String>>,
     /// Where programs run.
     pub device: DeviceChoice,
+    /// Launch every CUDA step eagerly instead of capturing and replaying CUDA graphs.
+    pub no_cuda_graphs: bool,
     /// Longest context a CUDA session holds (its KV caches are preallocated); default
     /// min(max_position_embeddings, 8192).
     pub context_capacity: Option<usize>,
@@ -63,6 +65,8 @@ pub enum Backend {
         gpu: Gpu,
         weights: DeviceWeights,
         capacity: usize,
+        /// Capture each step shape as a CUDA graph and replay it (off: `--no-graphs`).
+        graphs: bool,
     },
 }
 
@@ -143,6 +147,7 @@ impl Model {
             gpu,
             weights,
             capacity,
+            graphs: !self.options.no_cuda_graphs,
         };
         Ok(())
     }

@@ -65,6 +65,11 @@ impl<'m> Session<'m> {
         }
     }
 
+    /// Steps that ran as CUDA-graph replays (0 on the CPU).
+    pub fn graph_replays(&self) -> usize {
+        self.device_state.as_ref().map_or(0, |d| d.replays)
+    }
+
     /// The CPU executor's state (empty for a session on a GPU).
     pub fn state(&self) -> &SessionState {
         &self.state
@@ -111,9 +116,15 @@ impl<'m> Session<'m> {
         let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         // Everything a caller can get wrong was checked above; the state changes only from here.
         let (data, rows) = match (&self.model.backend, &mut self.device_state) {
-            (Backend::Cuda { gpu, weights, .. }, Some(state)) => {
-                executor::run(gpu, &program, weights, state, &tokens)?
-            }
+            (
+                Backend::Cuda {
+                    gpu,
+                    weights,
+                    graphs,
+                    ..
+                },
+                Some(state),
+            ) => executor::run(gpu, &program, weights, state, &tokens, *graphs)?,
             _ => cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?,
         };
         Ok(Logits {

@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{sys, CudaGraph, CudaSlice};
 
-use crate::ir::{GateActivation, Op, Program, StateKind, WeightClass};
+use crate::ir::{GateActivation, LogitsMode, Op, Phase, Program, StateKind, WeightClass};
 use crate::ops::gdn::GdnShape;
 use crate::ops::indexer::IndexerShape;
 use crate::weights::Weights;
@@ -119,12 +119,31 @@ enum DevState {
     I64(CudaSlice<i64>),
 }
 
+/// Which step a captured graph computes.
+type GraphKey = (Phase, usize, LogitsMode);
+
+/// The buffers a step reads and writes outside its kernels, at fixed addresses so that a
+/// captured graph replays with whatever the host wrote into them.
+struct StepIo {
+    /// The step's start position (the "dynamic value" kernels read).
+    step: CudaSlice<i64>,
+    tokens: CudaSlice<i64>,
+    logits: CudaSlice<f32>,
+    logits_rows: usize,
+}
+
 /// One sequence's state on the device.
 pub struct DeviceState {
     bufs: HashMap<String, DevState>,
     pub position: usize,
     /// Rows every `Append` state can hold (the longest context of this session).
     pub capacity: usize,
+    io: HashMap<GraphKey, StepIo>,
+    /// Captured steps, replayed from their second use on (the first runs eagerly: it compiles
+    /// and loads kernels and creates the state, none of which may happen during capture).
+    graphs: HashMap<GraphKey, CudaGraph>,
+    /// How many steps ran as graph replays (for tests and reports).
+    pub replays: usize,
 }
 
 impl DeviceState {
@@ -133,6 +152,9 @@ impl DeviceState {
             bufs: HashMap::new(),
             position: 0,
             capacity,
+            io: HashMap::new(),
+            graphs: HashMap::new(),
+            replays: 0,
         }
     }
 
@@ -194,13 +216,16 @@ impl DVal {
 }
 
 /// Runs one step of `program` for `tokens` (range-checked by the caller); returns the logits
-/// `[rows, vocab]` and their row count.
+/// `[rows, vocab]` and their row count. With `graphs`, a step shape seen before is captured as a
+/// CUDA graph once and replayed after; without, every step launches its kernels eagerly. Both
+/// launch the same kernels on the same buffers, so they give the same bits.
 pub fn run(
     gpu: &Gpu,
     program: &Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
     tokens: &[i64],
+    graphs: bool,
 ) -> Result<(Vec<f32>, usize), CudaError> {
     let rows_in = tokens.len();
     let start = state.position;
@@ -215,13 +240,109 @@ pub fn run(
         });
     }
     state.ensure(gpu, program)?;
-    let step = gpu.upload(&[start as i64], "step position")?;
+    let key: GraphKey = (program.phase, program.tokens, program.logits);
+    let first_use = !state.io.contains_key(&key);
+    if first_use {
+        let vocab = program.value(&program.output).map(|v| v.width).unwrap_or(0);
+        let logits_rows = if program.logits == LogitsMode::Last {
+            1
+        } else {
+            rows_in
+        };
+        let io = StepIo {
+            step: gpu.zeros(1, "the step position")?,
+            tokens: gpu.zeros(rows_in, "the step's tokens")?,
+            logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
+            logits_rows,
+        };
+        state.io.insert(key, io);
+    }
+    {
+        let io = state.io.get_mut(&key).expect("inserted above");
+        gpu.stream
+            .memcpy_htod(&[start as i64], &mut io.step)
+            .map_err(|e| CudaError::driver("writing the step position", None, e))?;
+        gpu.stream
+            .memcpy_htod(tokens, &mut io.tokens)
+            .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
+    }
+    if graphs && state.graphs.contains_key(&key) {
+        state.graphs[&key]
+            .launch()
+            .map_err(|e| CudaError::driver("replaying a CUDA graph", None, e))?;
+        state.replays += 1;
+    } else if graphs && !first_use {
+        // SAFETY-free but order-sensitive: nothing between begin and end may synchronise, copy
+        // from the host or load modules; `record` only launches kernels and stream-ordered
+        // allocations on kernels already loaded by the eager first use.
+        gpu.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| CudaError::driver("starting a CUDA graph capture", None, e))?;
+        let recorded = record(gpu, program, weights, state, key);
+        let graph = gpu
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| CudaError::driver("ending a CUDA graph capture", None, e))?;
+        recorded?;
+        let graph = graph.ok_or_else(|| CudaError::Driver {
+            doing: "capturing a step".into(),
+            msg: "the capture produced no graph".into(),
+        })?;
+        graph
+            .launch()
+            .map_err(|e| CudaError::driver("launching a captured CUDA graph", None, e))?;
+        state.graphs.insert(key, graph);
+        state.replays += 1;
+    } else {
+        record(gpu, program, weights, state, key)?;
+    }
+    let io = &state.io[&key];
+    let data = gpu.download(&io.logits, "logits")?;
+    gpu.sync("the step")?;
+    let rows = io.logits_rows;
+    state.position += rows_in;
+    Ok((data, rows))
+}
+
+/// Launches every node of `program` on the step buffers of `key`; the logits end in
+/// `state.io[key].logits`. Launches only (no host copies, no synchronisation), so it can be
+/// captured.
+fn record(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    key: GraphKey,
+) -> Result<(), CudaError> {
+    let mut io = state
+        .io
+        .remove(&key)
+        .expect("run() prepared the step buffers");
+    let result = record_nodes(gpu, program, weights, state, &mut io);
+    state.io.insert(key, io);
+    result
+}
+
+fn record_nodes(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    io: &mut StepIo,
+) -> Result<(), CudaError> {
+    let rows_in = io.tokens.len();
+    let step = &io.step;
     let mut values: HashMap<&str, DVal> = HashMap::new();
+    // The program's input is a copy of the step's tokens, owned by the step like every value.
+    let mut tokens = gpu.zeros::<i64>(rows_in, "tokens")?;
+    gpu.stream
+        .memcpy_dtod(&io.tokens, &mut tokens)
+        .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
     values.insert(
         program.input.as_str(),
         DVal::I64 {
             rows: rows_in,
-            buf: gpu.upload(tokens, "tokens")?,
+            buf: tokens,
         },
     );
     let eps = program.consts.rms_norm_eps;
@@ -423,7 +544,7 @@ pub fn run(
                 let (x, rows) = arg(0).f32();
                 vec![DVal::F32 {
                     rows,
-                    buf: attention::rope(gpu, x, rows, &step, *head_dim, *rotary_dim, theta)?,
+                    buf: attention::rope(gpu, x, rows, step, *head_dim, *rotary_dim, theta)?,
                 }]
             }
             Op::IndexerSelect {
@@ -451,7 +572,7 @@ pub fn run(
                     &mut raw,
                     &mut pooled,
                     rows,
-                    &step,
+                    step,
                     &shape,
                     cap,
                     eps,
@@ -501,7 +622,7 @@ pub fn run(
                     &mut kc,
                     &mut vc,
                     rows,
-                    &step,
+                    step,
                     *heads,
                     *kv_heads,
                     *head_dim,
@@ -622,12 +743,12 @@ pub fn run(
             values.remove(dead.as_str());
         }
     }
-    let (logits, rows) = match values.remove(program.output.as_str()) {
-        Some(DVal::F32 { rows, buf }) => (buf, rows),
+    let logits = match values.remove(program.output.as_str()) {
+        Some(DVal::F32 { buf, .. }) => buf,
         _ => unreachable!("validated programs output f32 logits"),
     };
-    let data = gpu.download(&logits, "logits")?;
-    gpu.sync("the step")?;
-    state.position += rows_in;
-    Ok((data, rows))
+    gpu.stream
+        .memcpy_dtod(&logits, &mut io.logits)
+        .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
+    Ok(())
 }
