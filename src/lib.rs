@@ -9,6 +9,7 @@
 //! Modules, in data-flow order: [`plan`], [`ir`], [`lower`] and [`passes`], [`checkpoint`],
 //! [`weights`], [`ops`], [`exec`], [`runtime`]; [`synth`] writes random checkpoints.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod error;
 pub mod exec;

@@ -40,6 +40,38 @@ enum Command {
     Inspect(InspectArgs),
     /// Write a random checkpoint in the official layout.
     Synth(SynthArgs),
+    /// Decode and prefill at the real geometry on a CUDA device (random weights made on the device).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The model config (default: the real Qwen3.8-Flash-Next config shipped in tests/data).
+    #[arg(long, default_value = "tests/data/configs/qwen3.8-flash-next.json")]
+    config: PathBuf,
+    /// Keep the first N layers (bf16 experts take about 5 GB a layer).
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    /// Contexts to time decode at.
+    #[arg(long, value_delimiter = ',', default_value = "1024,8192")]
+    contexts: Vec<usize>,
+    /// Prompt lengths to time prefill for.
+    #[arg(long, value_delimiter = ',', default_value = "2048,8192")]
+    prefills: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    decode_steps: usize,
+    /// Prefill chunk (tokens per step).
+    #[arg(long, default_value_t = 2048)]
+    chunk: usize,
+    /// Prime base of the PLE n-gram table (the real 20000000 makes a 102 GB table; the lookup
+    /// reads 16 rows a token whatever the table's size).
+    #[arg(long, default_value_t = 100_000)]
+    ple_vocab_base: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -385,6 +417,31 @@ fn run(cli: Cli) -> Result<(), Error> {
                 a.dtype,
                 a.out.display()
             );
+        }
+        Command::Bench(a) => {
+            let text = std::fs::read_to_string(&a.config).map_err(|e| Error::Io {
+                path: a.config.display().to_string(),
+                msg: e.to_string(),
+            })?;
+            let opts = graphrun::bench::BenchOptions {
+                layers: a.layers,
+                contexts: a.contexts.clone(),
+                prefills: a.prefills.clone(),
+                decode_steps: a.decode_steps.max(1),
+                chunk: a.chunk.max(1),
+                ple_vocab_base: a.ple_vocab_base,
+                seed: a.seed,
+            };
+            let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
+            println!("{report}");
+            if let Some(path) = &a.json {
+                let json =
+                    serde_json::to_string_pretty(&report).expect("a report always serialises");
+                std::fs::write(path, json).map_err(|e| Error::Io {
+                    path: path.display().to_string(),
+                    msg: e.to_string(),
+                })?;
+            }
         }
     }
     Ok(())

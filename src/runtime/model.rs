@@ -152,6 +152,41 @@ impl Model {
         Ok(())
     }
 
+    /// A model whose weights are generated on the GPU (benchmarks at the real geometry: no files,
+    /// no host copy; `weights` stays empty).
+    pub fn random_on_gpu(
+        plan: ModelPlan,
+        gpu: Gpu,
+        options: ModelOptions,
+        seed: u64,
+    ) -> Result<Model> {
+        let graphs = match &options.graphs_dir {
+            Some(d) => GraphSet::load_dir(d)?,
+            None => GraphSet::embedded()?,
+        };
+        let probe = lower::lower(
+            &plan,
+            &graphs,
+            &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+        )?;
+        let weights = DeviceWeights::random(&gpu, &probe.program, true, seed)?;
+        let block = plan.indexer.as_ref().map(|i| i.compress_ratio).unwrap_or(1);
+        let capacity = options
+            .context_capacity
+            .unwrap_or(plan.max_position_embeddings.min(8192))
+            .next_multiple_of(block);
+        let no_graphs = options.no_cuda_graphs;
+        let mut model = Model::from_parts(plan, graphs, Weights::new(), options);
+        model.weight_dtype = "bf16".into();
+        model.backend = Backend::Cuda {
+            gpu,
+            weights,
+            capacity,
+            graphs: !no_graphs,
+        };
+        Ok(model)
+    }
+
     /// A model from weights already in memory (tests, synthetic models).
     pub fn from_parts(
         plan: ModelPlan,

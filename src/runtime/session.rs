@@ -42,6 +42,8 @@ pub struct Session<'m> {
     state: SessionState,
     /// The CUDA executor's state, for a model on a GPU.
     device_state: Option<DeviceState>,
+    /// Overrides the model's CUDA-graph setting for this session.
+    graphs: Option<bool>,
 }
 
 impl<'m> Session<'m> {
@@ -54,6 +56,7 @@ impl<'m> Session<'m> {
             model,
             state: SessionState::default(),
             device_state,
+            graphs: None,
         }
     }
 
@@ -63,6 +66,11 @@ impl<'m> Session<'m> {
             Some(d) => d.position,
             None => self.state.position,
         }
+    }
+
+    /// Turns CUDA-graph capture and replay on or off for this session's next steps.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs = Some(on);
     }
 
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
@@ -124,7 +132,14 @@ impl<'m> Session<'m> {
                     ..
                 },
                 Some(state),
-            ) => executor::run(gpu, &program, weights, state, &tokens, *graphs)?,
+            ) => executor::run(
+                gpu,
+                &program,
+                weights,
+                state,
+                &tokens,
+                self.graphs.unwrap_or(*graphs),
+            )?,
             _ => cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?,
         };
         Ok(Logits {

@@ -54,12 +54,7 @@ impl DeviceWeights {
             ple: Vec::new(),
             bytes: 0,
         };
-        let mut matrix_names = std::collections::HashSet::new();
-        for node in &program.nodes {
-            if MATRIX_OPS.contains(&node.op.kind()) {
-                matrix_names.extend(node.weights.iter().cloned());
-            }
-        }
+        let matrix_names = matrix_weights(program);
         for info in program
             .weights
             .iter()
@@ -88,14 +83,83 @@ impl DeviceWeights {
                     .insert(info.name.clone(), gpu.upload(&t.data, &info.name)?);
             }
         }
+        dw.upload_ple_tables(gpu, program)?;
+        Ok(dw)
+    }
+
+    /// Random weights generated on the device (benchmarks at the real geometry, no files):
+    /// matrices uniform with the variance of N(0, 1/fan_in), (1+w) norms near 0, plain norms and
+    /// dt_bias near 1, A_log in [0, ln 16], embeddings uniform in [-1, 1).
+    pub fn random(
+        gpu: &Gpu,
+        program: &Program,
+        bf16: bool,
+        seed: u64,
+    ) -> Result<DeviceWeights, CudaError> {
+        let mut dw = DeviceWeights {
+            matrices: HashMap::new(),
+            vectors: HashMap::new(),
+            ple: Vec::new(),
+            bytes: 0,
+        };
+        let matrix_names = matrix_weights(program);
+        for (i, info) in program
+            .weights
+            .iter()
+            .filter(|w| w.class == WeightClass::Float)
+            .enumerate()
+        {
+            let n: usize = info.shape.iter().product();
+            let name = info.name.as_str();
+            let fan_in = *info.shape.last().unwrap_or(&1) as f32;
+            let (lo, hi) = if name.ends_with("A_log") {
+                (0.0, 16f32.ln())
+            } else if name.ends_with("dt_bias") || name.ends_with("linear_attn.norm.weight") {
+                (0.9, 1.1)
+            } else if info.shape.len() == 1 {
+                (-0.1, 0.1)
+            } else if name.ends_with("embed_tokens.weight")
+                || name.ends_with("ngram_embedding.weight")
+            {
+                (-1.0, 1.0)
+            } else {
+                let a = (3.0 / fan_in).sqrt();
+                (-a, a)
+            };
+            let seed_i = seed ^ ((i as u64 + 1) << 32);
+            if matrix_names.contains(&info.name) && bf16 {
+                let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n, name)?);
+                launch::fill_uniform(gpu, &mut m, seed_i, lo, hi)?;
+                dw.bytes += n * 2;
+                dw.matrices.insert(info.name.clone(), m);
+            } else {
+                let mut m = DeviceMatrix::F32(gpu.zeros::<f32>(n, name)?);
+                launch::fill_uniform(gpu, &mut m, seed_i, lo, hi)?;
+                dw.bytes += n * 4;
+                match m {
+                    DeviceMatrix::F32(v) if !matrix_names.contains(&info.name) => {
+                        dw.vectors.insert(info.name.clone(), v);
+                    }
+                    other => {
+                        dw.matrices.insert(info.name.clone(), other);
+                    }
+                }
+            }
+        }
+        dw.upload_ple_tables(gpu, program)?;
+        gpu.sync("generating random weights")?;
+        Ok(dw)
+    }
+
+    fn upload_ple_tables(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
         for t in &program.consts.ple_tables {
-            dw.ple.push([
+            self.ple.push([
                 gpu.upload(&t.multipliers, "PLE multipliers")?,
                 gpu.upload(&t.head_sizes, "PLE head sizes")?,
                 gpu.upload(&t.head_offsets, "PLE head offsets")?,
             ]);
         }
-        Ok(dw)
+        Ok(())
     }
 
     fn matrix(&self, name: &str) -> Result<&DeviceMatrix, CudaError> {
@@ -105,6 +169,16 @@ impl DeviceWeights {
     fn vector(&self, name: &str) -> Result<&CudaSlice<f32>, CudaError> {
         self.vectors.get(name).ok_or_else(|| missing(name))
     }
+}
+
+/// Weights read by the matrix kernels.
+fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
+    program
+        .nodes
+        .iter()
+        .filter(|n| MATRIX_OPS.contains(&n.op.kind()))
+        .flat_map(|n| n.weights.iter().cloned())
+        .collect()
 }
 
 fn missing(name: &str) -> CudaError {

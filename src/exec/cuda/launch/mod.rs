@@ -272,3 +272,33 @@ pub fn embed(
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
+
+/// Fills `out` with uniform values in `[lo, hi)` derived from `(seed, index)`.
+pub fn fill_uniform(
+    gpu: &Gpu,
+    out: &mut DeviceMatrix,
+    seed: u64,
+    lo: f32,
+    hi: f32,
+) -> Result<(), CudaError> {
+    let n = out.len();
+    let n64 = n as i64;
+    let (kernel, f) = match out {
+        DeviceMatrix::F32(_) => (
+            "fill_uniform_f32",
+            gpu.function("random.cu", "fill_uniform_f32")?,
+        ),
+        DeviceMatrix::Bf16(_) => (
+            "fill_uniform_bf16",
+            gpu.function("random.cu", "fill_uniform_bf16")?,
+        ),
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    match out {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+    b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
+    // SAFETY: the kernel writes exactly n elements of `out`.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })
+}

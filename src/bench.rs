@@ -1,0 +1,370 @@
+//! `graphrun bench`: decode and prefill at the real Qwen3.8-Flash-Next geometry on a CUDA
+//! device, with random weights generated on the device, reported against the device's measured
+//! copy bandwidth.
+//!
+//! What is real: every dimension of the config (H 2560, 4 streams, GDN 16/48 heads of 128, QSA
+//! 24/2 heads of 256 with its indexer, 512 experts top-10 with I 640, the vocabulary), bf16
+//! matrices. What is cut, and why: `--layers N` keeps the first N layers so that bf16 experts
+//! (5 GB a layer) fit; the PLE n-gram table is built from a smaller prime base (it is gathered,
+//! 16 rows a token, so its size changes memory, not bytes read).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::exec::cuda::launch::DeviceMatrix;
+use crate::exec::cuda::Gpu;
+use crate::ir::{LogitsMode, Op, Phase, Program};
+use crate::plan::ModelPlan;
+use crate::runtime::{Model, ModelOptions};
+
+pub struct BenchOptions {
+    pub layers: usize,
+    pub contexts: Vec<usize>,
+    pub prefills: Vec<usize>,
+    pub decode_steps: usize,
+    pub chunk: usize,
+    pub ple_vocab_base: u64,
+    pub seed: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DecodeRow {
+    pub context: usize,
+    pub ms_per_token_graphs: f64,
+    pub ms_per_token_eager: f64,
+    pub bytes_per_token: u64,
+    /// Bytes per token over the step time, over the measured copy bandwidth (graphs on).
+    pub fraction_of_copy_bandwidth: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PrefillRow {
+    pub prompt: usize,
+    pub chunk: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ByteCount {
+    pub dense_weights: u64,
+    pub expert_weights: u64,
+    pub embedding_rows: u64,
+    pub recurrent_state: u64,
+    pub kv_and_indexer: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub layers: usize,
+    pub layer_kinds: String,
+    pub weight_bytes_on_device: usize,
+    pub copy_bandwidth_gb_s: f64,
+    /// The decode step is one segment (no host synchronisation inside: routing and selection
+    /// run on the device), so its time is the segment time.
+    pub segments_per_decode_step: usize,
+    pub decode: Vec<DecodeRow>,
+    pub decode_bytes_at_largest_context: ByteCount,
+    pub prefill: Vec<PrefillRow>,
+}
+
+/// The real config cut to its first `layers` layers, with a smaller PLE table.
+pub fn bench_plan(
+    config_text: &str,
+    origin: &str,
+    layers: usize,
+    ple_vocab_base: u64,
+) -> Result<ModelPlan> {
+    let mut v: serde_json::Value =
+        serde_json::from_str(config_text).map_err(|e| Error::Input(format!("{origin}: {e}")))?;
+    let text = if v.get("text_config").is_some() {
+        &mut v["text_config"]
+    } else {
+        &mut v
+    };
+    let total = text["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    if layers == 0 || layers > total {
+        return Err(Error::Input(format!(
+            "--layers {layers}: the config has {total} layers"
+        )));
+    }
+    text["num_hidden_layers"] = layers.into();
+    if let Some(types) = text["layer_types"].as_array().cloned() {
+        text["layer_types"] = serde_json::Value::Array(types.into_iter().take(layers).collect());
+    }
+    if let Some(ids) = text["ple_layer_ids"].as_array().cloned() {
+        let kept: Vec<serde_json::Value> = ids
+            .into_iter()
+            .filter(|i| i.as_u64().is_some_and(|i| i as usize <= layers))
+            .collect();
+        text["ple_layer_ids"] = serde_json::Value::Array(kept);
+    }
+    text["ngram_vocab_size_base"] = ple_vocab_base.into();
+    Ok(ModelPlan::from_json_str(&v.to_string(), origin)?)
+}
+
+/// Device-to-device copy bandwidth, counting bytes read plus bytes written.
+fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let n = 512usize << 20; // 2 GiB of f32
+    let src = DeviceMatrix::F32(gpu.zeros::<f32>(n, "copy source")?);
+    let mut dst = gpu.zeros::<f32>(n, "copy destination")?;
+    let DeviceMatrix::F32(src) = src else {
+        unreachable!()
+    };
+    let copy = |dst: &mut cudarc::driver::CudaSlice<f32>| {
+        gpu.stream
+            .memcpy_dtod(&src, dst)
+            .map_err(|e| crate::exec::cuda::CudaError::driver("copying", None, e))
+    };
+    copy(&mut dst)?;
+    gpu.sync("the copy warm-up")?;
+    let reps = 10;
+    let t = Instant::now();
+    for _ in 0..reps {
+        copy(&mut dst)?;
+    }
+    gpu.sync("the copy benchmark")?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok((2 * n * 4 * reps) as f64 / secs / 1e9)
+}
+
+/// Bytes a decode step reads at `context`, counted from the program: weights (matrices at their
+/// device width, experts only the chosen k of E, embeddings only the gathered rows), recurrent
+/// and conv state (read and written), KV and indexer keys actually visited.
+pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
+    let mut c = ByteCount {
+        dense_weights: 0,
+        expert_weights: 0,
+        embedding_rows: 0,
+        recurrent_state: 0,
+        kv_and_indexer: 0,
+    };
+    let size = |name: &str| -> u64 {
+        program
+            .weights
+            .iter()
+            .find(|w| w.name == name)
+            .map(|w| w.shape.iter().product::<usize>() as u64)
+            .unwrap_or(0)
+    };
+    let matrix_ops = ["linear", "swiglu_linear", "hc_mix", "hc_inject"];
+    for node in &program.nodes {
+        match &node.op {
+            Op::MoeExperts { experts, .. } => {
+                let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;
+                for w in &node.weights {
+                    c.expert_weights += size(w) * 2 * k / *experts as u64;
+                }
+            }
+            Op::Embed => {
+                let ids = program.value(&node.inputs[0]).map(|v| v.width).unwrap_or(1) as u64;
+                let d = program
+                    .weights
+                    .iter()
+                    .find(|w| w.name == node.weights[0])
+                    .map(|w| w.shape[1])
+                    .unwrap_or(0) as u64;
+                c.embedding_rows += ids * d * 2;
+            }
+            op if matrix_ops.contains(&op.kind()) => {
+                for w in &node.weights {
+                    c.dense_weights += size(w) * 2;
+                }
+            }
+            Op::Attention {
+                kv_heads, head_dim, ..
+            } => {
+                let visited = context.min(2051) as u64; // budget + block - 1 at most (real: 2048 + 3)
+                c.kv_and_indexer += visited * (*kv_heads * *head_dim) as u64 * 4 * 2;
+            }
+            Op::IndexerSelect {
+                head_dim, block, ..
+            } => {
+                c.kv_and_indexer += (context / block) as u64 * *head_dim as u64 * 4;
+            }
+            _ => {
+                for w in &node.weights {
+                    c.dense_weights += size(w) * 4;
+                }
+            }
+        }
+    }
+    for s in &program.states {
+        if let crate::ir::StateKind::Zeros { len }
+        | crate::ir::StateKind::Window { rows: len, .. } = &s.kind
+        {
+            let elems = match &s.kind {
+                crate::ir::StateKind::Window { rows, width } => rows * width,
+                _ => *len,
+            };
+            c.recurrent_state += elems as u64 * 4 * 2;
+        }
+    }
+    c
+}
+
+fn total(c: &ByteCount) -> u64 {
+    c.dense_weights + c.expert_weights + c.embedding_rows + c.recurrent_state + c.kv_and_indexer
+}
+
+fn token(i: usize, vocab: usize) -> u32 {
+    ((i as u64 * 2654435761) % vocab as u64) as u32
+}
+
+pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<BenchReport> {
+    let plan = bench_plan(config_text, origin, opts.layers, opts.ple_vocab_base)?;
+    let gpu = Gpu::new(0)?;
+    let device = format!(
+        "{} (sm_{}{})",
+        gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
+    );
+    let bandwidth = copy_bandwidth(&gpu)?;
+    let max_ctx = opts
+        .contexts
+        .iter()
+        .chain(&opts.prefills)
+        .copied()
+        .max()
+        .unwrap_or(1024);
+    let options = ModelOptions {
+        context_capacity: Some(max_ctx + opts.decode_steps * 3 + 64),
+        ..Default::default()
+    };
+    let layer_kinds = plan
+        .layers
+        .iter()
+        .map(|l| l.kind.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let vocab = plan.vocab_size;
+    let model = Model::random_on_gpu(plan, gpu, options, opts.seed)?;
+    let weight_bytes = match &model.backend {
+        crate::runtime::Backend::Cuda { weights, .. } => weights.bytes,
+        _ => 0,
+    };
+    let chunk_prefill = |s: &mut crate::runtime::Session, n: usize, offset: usize| -> Result<()> {
+        let mut done = 0;
+        while done < n {
+            let len = opts.chunk.min(n - done);
+            let ids: Vec<u32> = (done..done + len)
+                .map(|i| token(i + offset, vocab))
+                .collect();
+            s.prefill(&ids, LogitsMode::Last)?;
+            done += len;
+        }
+        Ok(())
+    };
+    // Warm-up: compiles every kernel, lowers the programs.
+    {
+        let mut s = model.session();
+        chunk_prefill(&mut s, opts.chunk.min(max_ctx), 0)?;
+        for i in 0..3 {
+            s.decode(token(i, vocab))?;
+        }
+    }
+    let mut prefill = Vec::new();
+    for &n in &opts.prefills {
+        let mut s = model.session();
+        let t = Instant::now();
+        chunk_prefill(&mut s, n, 7)?;
+        let secs = t.elapsed().as_secs_f64();
+        prefill.push(PrefillRow {
+            prompt: n,
+            chunk: opts.chunk,
+            seconds: secs,
+            tokens_per_second: n as f64 / secs,
+        });
+    }
+    let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
+    let mut decode = Vec::new();
+    let mut bytes_last = decode_bytes(&decode_program, 1);
+    for &ctx in &opts.contexts {
+        let mut s = model.session();
+        chunk_prefill(&mut s, ctx, 11)?;
+        let mut timed = |graphs: bool| -> Result<f64> {
+            s.set_cuda_graphs(graphs);
+            for i in 0..3 {
+                s.decode(token(i, vocab))?;
+            }
+            let t = Instant::now();
+            for i in 0..opts.decode_steps {
+                s.decode(token(i + 5, vocab))?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
+        };
+        let ms_graphs = timed(true)?;
+        let ms_eager = timed(false)?;
+        bytes_last = decode_bytes(&decode_program, ctx);
+        let bytes = total(&bytes_last);
+        decode.push(DecodeRow {
+            context: ctx,
+            ms_per_token_graphs: ms_graphs,
+            ms_per_token_eager: ms_eager,
+            bytes_per_token: bytes,
+            fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
+        });
+    }
+    Ok(BenchReport {
+        device,
+        layers: opts.layers,
+        layer_kinds,
+        weight_bytes_on_device: weight_bytes,
+        copy_bandwidth_gb_s: bandwidth,
+        segments_per_decode_step: 1,
+        decode,
+        decode_bytes_at_largest_context: bytes_last,
+        prefill,
+    })
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "device: {}; copy bandwidth (read+write) {:.0} GB/s",
+            self.device, self.copy_bandwidth_gb_s
+        )?;
+        writeln!(
+            f,
+            "model: real geometry, first {} layers ({}), bf16 matrices, {:.1} GB on the device",
+            self.layers,
+            self.layer_kinds,
+            self.weight_bytes_on_device as f64 / 1e9
+        )?;
+        writeln!(f, "decode (batch 1, one segment per step):")?;
+        writeln!(
+            f,
+            "  {:>8} {:>12} {:>12} {:>14} {:>10}",
+            "context", "ms/tok graph", "ms/tok eager", "MB read/tok", "of copy bw"
+        )?;
+        for r in &self.decode {
+            writeln!(
+                f,
+                "  {:>8} {:>12.3} {:>12.3} {:>14.1} {:>10.3}",
+                r.context,
+                r.ms_per_token_graphs,
+                r.ms_per_token_eager,
+                r.bytes_per_token as f64 / 1e6,
+                r.fraction_of_copy_bandwidth
+            )?;
+        }
+        let b = &self.decode_bytes_at_largest_context;
+        writeln!(
+            f,
+            "  bytes/token at the largest context: dense weights {:.1} MB, experts {:.1} MB, embeddings {:.2} MB, recurrent state {:.1} MB, KV+indexer {:.1} MB",
+            b.dense_weights as f64 / 1e6, b.expert_weights as f64 / 1e6, b.embedding_rows as f64 / 1e6, b.recurrent_state as f64 / 1e6, b.kv_and_indexer as f64 / 1e6
+        )?;
+        writeln!(f, "prefill:")?;
+        for r in &self.prefill {
+            writeln!(
+                f,
+                "  {:>6} tokens in chunks of {}: {:.3} s, {:.0} tokens/s",
+                r.prompt, r.chunk, r.seconds, r.tokens_per_second
+            )?;
+        }
+        Ok(())
+    }
+}
