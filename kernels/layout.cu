@@ -133,47 +133,59 @@ extern "C" __global__ void split_q_gate_reference_f32(float* q, float* gate, con
 // Hyper-connections (src/ops/hyper.rs).
 
 // hc_mix: for each row of hn [rows, streams*hid], with down [rank, streams*hid] and
-// up [streams*hid, rank]:
-//   act[r] = silu(hn·down[r] / streams)                      (phase 1: a warp per r)
-//   y[c]   = sum_s sigmoid(act·up[s*hid + c]) * hn[s*hid + c] / streams   (phase 2: a warp per c)
-// One block per row (grid-strided); act lives in dynamic shared memory (rank floats).
-extern __shared__ float hc_mix_act[];
-
+// up [streams*hid, rank], in two grid-wide kernels so that a single token (decode) still spreads
+// the ~13 MB of bf16 weights over every multiprocessor:
+//   hc_mix_act:  act[t, r] = silu(hn[t]·down[r] / streams)                 (a warp per (t, r))
+//   hc_mix_gate: y[t, c] = sum_s sigmoid(act[t]·up[s*hid + c]) * hn[t, s*hid + c] / streams
+//                                                                          (a warp per (t, c))
 template <typename W>
-__device__ __forceinline__ void hc_mix(float* y, const float* hn, const W* down, const W* up, long rows, long streams,
-                                       long hid, long rank) {
-    const long width = streams * hid;
+__device__ __forceinline__ void hc_mix_act(float* act, const float* hn, const W* down, long rows, long streams,
+                                           long width, long rank) {
     const int lane = threadIdx.x & 31;
-    const long warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float* act = hc_mix_act;
-    for (long t = blockIdx.x; t < rows; t += gridDim.x) {
-        const float* row = hn + t * width;
-        for (long r = warp; r < rank; r += warps) {
-            const float d = warp_sum(lane_dot(row, down + r * width, width, lane));
-            if (lane == 0) act[r] = silu_f32(d / (float)streams);
-        }
-        __syncthreads();
-        for (long c = warp; c < hid; c += warps) {
-            float sum = 0.0f;
-            for (long s = 0; s < streams; s++) {
-                const long ch = s * hid + c;
-                const float gate = sigmoid_f32(warp_sum(lane_dot(act, up + ch * rank, rank, lane)));
-                sum += gate * row[ch];
-            }
-            if (lane == 0) y[t * hid + c] = sum / (float)streams;
-        }
-        __syncthreads();  // act is rewritten for the next row
+    const long warps = blockDim.x >> 5;
+    for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < rows * rank; o += (long)gridDim.x * warps) {
+        const long t = o / rank, r = o % rank;
+        const float d = warp_sum(lane_dot(hn + t * width, down + r * width, width, lane));
+        if (lane == 0) act[o] = silu_f32(d / (float)streams);
     }
 }
 
-extern "C" __global__ void hc_mix_reference_f32(float* y, const float* hn, const float* down, const float* up, long rows,
-                                                long streams, long hid, long rank) {
-    hc_mix<float>(y, hn, down, up, rows, streams, hid, rank);
+template <typename W>
+__device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const float* act, const W* up, long rows,
+                                            long streams, long hid, long rank) {
+    const int lane = threadIdx.x & 31;
+    const long warps = blockDim.x >> 5;
+    const long width = streams * hid;
+    for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < rows * hid; o += (long)gridDim.x * warps) {
+        const long t = o / hid, c = o % hid;
+        float sum = 0.0f;
+        for (long s = 0; s < streams; s++) {
+            const long ch = s * hid + c;
+            const float gate = sigmoid_f32(warp_sum(lane_dot(act + t * rank, up + ch * rank, rank, lane)));
+            sum += gate * hn[t * width + ch];
+        }
+        if (lane == 0) y[o] = sum / (float)streams;
+    }
 }
 
-extern "C" __global__ void hc_mix_reference_bf16(float* y, const float* hn, const bf16_t* down, const bf16_t* up,
-                                                 long rows, long streams, long hid, long rank) {
-    hc_mix<bf16_t>(y, hn, down, up, rows, streams, hid, rank);
+extern "C" __global__ void hc_mix_act_f32(float* act, const float* hn, const float* down, long rows, long streams,
+                                          long width, long rank) {
+    hc_mix_act<float>(act, hn, down, rows, streams, width, rank);
+}
+
+extern "C" __global__ void hc_mix_act_bf16(float* act, const float* hn, const bf16_t* down, long rows, long streams,
+                                           long width, long rank) {
+    hc_mix_act<bf16_t>(act, hn, down, rows, streams, width, rank);
+}
+
+extern "C" __global__ void hc_mix_gate_f32(float* y, const float* hn, const float* act, const float* up, long rows,
+                                           long streams, long hid, long rank) {
+    hc_mix_gate<float>(y, hn, act, up, rows, streams, hid, rank);
+}
+
+extern "C" __global__ void hc_mix_gate_bf16(float* y, const float* hn, const float* act, const bf16_t* up, long rows,
+                                            long streams, long hid, long rank) {
+    hc_mix_gate<bf16_t>(y, hn, act, up, rows, streams, hid, rank);
 }
 
 // hc_inject: out [rows, streams], out[t, s] = 2 * sigmoid(hn[t]·w[s] / streams), w [streams, width].

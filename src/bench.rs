@@ -69,6 +69,9 @@ pub struct BenchReport {
     pub decode: Vec<DecodeRow>,
     pub decode_bytes_at_largest_context: ByteCount,
     pub prefill: Vec<PrefillRow>,
+    /// Eager decode steps at the largest context, synchronised after every node: milliseconds per
+    /// step by op kind (op, launches per step, ms per step).
+    pub decode_profile: Vec<(String, f64, f64)>,
 }
 
 /// The real config cut to its first `layers` layers, with a smaller PLE table.
@@ -281,6 +284,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
+    let mut profile = Vec::new();
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
@@ -297,6 +301,19 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         };
         let ms_graphs = timed(true)?;
         let ms_eager = timed(false)?;
+        if ctx == *opts.contexts.iter().max().unwrap_or(&ctx) {
+            s.set_cuda_graphs(false);
+            s.cuda_profile(true);
+            let steps = 4;
+            for i in 0..steps {
+                s.decode(token(i + 50, vocab))?;
+            }
+            profile = s
+                .cuda_profile(false)
+                .into_iter()
+                .map(|(k, n, t)| (k, n as f64 / steps as f64, t * 1e3 / steps as f64))
+                .collect();
+        }
         bytes_last = decode_bytes(&decode_program, ctx);
         let bytes = total(&bytes_last);
         decode.push(DecodeRow {
@@ -317,6 +334,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode,
         decode_bytes_at_largest_context: bytes_last,
         prefill,
+        decode_profile: profile,
     })
 }
 
@@ -357,6 +375,15 @@ impl std::fmt::Display for BenchReport {
             "  bytes/token at the largest context: dense weights {:.1} MB, experts {:.1} MB, embeddings {:.2} MB, recurrent state {:.1} MB, KV+indexer {:.1} MB",
             b.dense_weights as f64 / 1e6, b.expert_weights as f64 / 1e6, b.embedding_rows as f64 / 1e6, b.recurrent_state as f64 / 1e6, b.kv_and_indexer as f64 / 1e6
         )?;
+        if !self.decode_profile.is_empty() {
+            writeln!(
+                f,
+                "decode profile at the largest context (eager, synchronised after each node):"
+            )?;
+            for (op, n, ms) in &self.decode_profile {
+                writeln!(f, "  {op:<16} {n:>5.0} launches/step {ms:>9.3} ms/step")?;
+            }
+        }
         writeln!(f, "prefill:")?;
         for r in &self.prefill {
             writeln!(

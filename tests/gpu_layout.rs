@@ -218,7 +218,7 @@ fn layout_kernels_match_the_cpu_reference() {
             let (dd, rd) = matrix(&gpu, &wd, bf16);
             let (du, ru) = matrix(&gpu, &wu, bf16);
             report.check(
-                &format!("hc_mix_reference_{}", dtype(bf16)),
+                &format!("hc_mix_gate_{}", dtype(bf16)),
                 &s,
                 &get(
                     &gpu,
@@ -376,7 +376,7 @@ fn layout_shape_errors_name_the_kernel() {
     // hn [1, 12], down [1, 12], up of 12 values where 12 are wanted: fine; 6 are not.
     let short = DeviceMatrix::Bf16(gpu.upload(&[0u16; 6], "up").unwrap());
     let err = layout::hc_mix(&gpu, &x, &bf16_w, &short, 1, 4).expect_err("a shape error");
-    assert!(err.to_string().contains("hc_mix_reference_bf16"), "{err}");
+    assert!(err.to_string().contains("hc_mix_gate_bf16"), "{err}");
 
     let err = layout::split_q_gate(&gpu, &x, 1, 2, 4).expect_err("a shape error");
     assert!(

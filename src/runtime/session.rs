@@ -73,6 +73,25 @@ impl<'m> Session<'m> {
         self.graphs = Some(on);
     }
 
+    /// Starts (or, with `false`, stops and returns) a per-op-kind profile of eager CUDA steps:
+    /// (op kind, launches, seconds). Steps replayed from CUDA graphs are not profiled.
+    pub fn cuda_profile(&mut self, on: bool) -> Vec<(String, usize, f64)> {
+        let Some(d) = self.device_state.as_mut() else {
+            return Vec::new();
+        };
+        let taken = std::mem::take(&mut d.profile);
+        if on {
+            d.profile = Some(Default::default());
+        }
+        let mut rows: Vec<(String, usize, f64)> = taken
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, (n, t))| (k, n, t))
+            .collect();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        rows
+    }
+
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
     pub fn graph_replays(&self) -> usize {
         self.device_state.as_ref().map_or(0, |d| d.replays)

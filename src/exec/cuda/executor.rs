@@ -218,6 +218,9 @@ pub struct DeviceState {
     graphs: HashMap<GraphKey, CudaGraph>,
     /// How many steps ran as graph replays (for tests and reports).
     pub replays: usize,
+    /// When set, eager steps synchronise after every node and add its time here, by op kind
+    /// (a profile: the synchronisation itself slows the step).
+    pub profile: Option<std::collections::BTreeMap<String, (usize, f64)>>,
 }
 
 impl DeviceState {
@@ -229,6 +232,7 @@ impl DeviceState {
             io: HashMap::new(),
             graphs: HashMap::new(),
             replays: 0,
+            profile: None,
         }
     }
 
@@ -423,6 +427,7 @@ fn record_nodes(
     let theta = program.consts.rope_theta;
     let cap = state.capacity;
     for node in &program.nodes {
+        let started = state.profile.as_ref().map(|_| std::time::Instant::now());
         let arg = |i: usize| &values[node.inputs[i].as_str()];
         let w = |i: usize| node.weights[i].as_str();
         let out: Vec<DVal> = match &node.op {
@@ -812,6 +817,14 @@ fn record_nodes(
         };
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
+        }
+        if let (Some(t), Some(profile)) = (started, state.profile.as_mut()) {
+            gpu.sync(&node.name)?;
+            let entry = profile
+                .entry(node.op.kind().to_string())
+                .or_insert((0, 0.0));
+            entry.0 += 1;
+            entry.1 += t.elapsed().as_secs_f64();
         }
         for dead in &node.last_use {
             values.remove(dead.as_str());

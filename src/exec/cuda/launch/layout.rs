@@ -216,9 +216,9 @@ pub fn hc_mix(
     rows: usize,
     streams: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match down {
-        DeviceMatrix::F32(_) => "hc_mix_reference_f32",
-        DeviceMatrix::Bf16(_) => "hc_mix_reference_bf16",
+    let (act_kernel, kernel) = match down {
+        DeviceMatrix::F32(_) => ("hc_mix_act_f32", "hc_mix_gate_f32"),
+        DeviceMatrix::Bf16(_) => ("hc_mix_act_bf16", "hc_mix_gate_bf16"),
     };
     shape(
         kernel,
@@ -231,8 +231,6 @@ pub fn hc_mix(
     )?;
     let width = hn.len().checked_div(rows).unwrap_or(0);
     let rank = down.len().checked_div(width).unwrap_or(0);
-    // The activations live in shared memory: at most 48 KiB without opting in to more.
-    const MAX_RANK: usize = 48 * 1024 / 4;
     shape(
         kernel,
         rows > 0
@@ -241,39 +239,54 @@ pub fn hc_mix(
             && hn.len() == rows * width
             && width.is_multiple_of(streams)
             && rank > 0
-            && rank <= MAX_RANK
             && down.len() == rank * width
             && up.len() == width * rank,
         || {
             format!(
                 "hn {} values, rows {rows}, streams {streams}, down {} and up {} values \
-                 (want [R, width] and [width, R], R at most {MAX_RANK})",
+                 (want [R, width] and [width, R])",
                 hn.len(),
                 down.len(),
                 up.len()
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
     let hid = width / streams;
+    let mut act = gpu.zeros::<f32>(rows * rank, act_kernel)?;
     let mut y = gpu.zeros::<f32>(rows * hid, kernel)?;
-    let (r64, s64, h64, k64) = (rows as i64, streams as i64, hid as i64, rank as i64);
-    let cfg = LaunchConfig {
-        grid_dim: (rows.min(MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (512, 1, 1),
-        shared_mem_bytes: (rank * 4) as u32,
+    let (r64, s64, w64, h64, k64) = (
+        rows as i64,
+        streams as i64,
+        width as i64,
+        hid as i64,
+        rank as i64,
+    );
+    const WARPS: usize = 8;
+    let warps_grid = |outputs: usize| LaunchConfig {
+        grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
     };
+    let f = gpu.function(FILE, act_kernel)?;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(hn);
-    match (down, up) {
-        (DeviceMatrix::F32(d), DeviceMatrix::F32(u)) => b.arg(d).arg(u),
-        (DeviceMatrix::Bf16(d), DeviceMatrix::Bf16(u)) => b.arg(d).arg(u),
-        _ => unreachable!("dtypes checked above"),
+    b.arg(&mut act).arg(hn);
+    match down {
+        DeviceMatrix::F32(d) => b.arg(d),
+        DeviceMatrix::Bf16(d) => b.arg(d),
+    };
+    b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
+    // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
+    launched(act_kernel, unsafe { b.launch(warps_grid(rows * rank)) })?;
+    let f = gpu.function(FILE, kernel)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(hn).arg(&act);
+    match up {
+        DeviceMatrix::F32(u) => b.arg(u),
+        DeviceMatrix::Bf16(u) => b.arg(u),
     };
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
-    // SAFETY: hn is rows*width, down rank*width, up width*rank, y rows*hid, all checked above;
-    // the block has rank floats of dynamic shared memory for the activations.
-    launched(kernel, unsafe { b.launch(cfg) })?;
+    // SAFETY: up is width*rank, act rows*rank, y rows*hid; same stream, so act is complete.
+    launched(kernel, unsafe { b.launch(warps_grid(rows * hid)) })?;
     Ok(y)
 }
 
