@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
-use crate::ir::{LogitsMode, Op, Phase, Program};
+use crate::ir::{LogitsMode, Op, Phase, Program, StateKind};
 use crate::plan::ModelPlan;
 use crate::runtime::{Model, ModelOptions};
 
@@ -195,16 +195,14 @@ pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
             }
         }
     }
+    // Conv windows and GDN recurrent states are read and written once per step.
     for s in &program.states {
-        if let crate::ir::StateKind::Zeros { len }
-        | crate::ir::StateKind::Window { rows: len, .. } = &s.kind
-        {
-            let elems = match &s.kind {
-                crate::ir::StateKind::Window { rows, width } => rows * width,
-                _ => *len,
-            };
-            c.recurrent_state += elems as u64 * 4 * 2;
-        }
+        let elems = match &s.kind {
+            StateKind::Window { rows, width } => rows * width,
+            StateKind::Zeros { len } => *len,
+            StateKind::Append { .. } | StateKind::Tokens { .. } => 0,
+        };
+        c.recurrent_state += elems as u64 * 4 * 2;
     }
     c
 }

@@ -20,6 +20,9 @@ use crate::lower::{self, GraphSet, LowerOptions};
 use crate::plan::{ConfigKind, ModelPlan};
 use crate::weights::{WeightTensor, Weights};
 
+/// A tensor ready to write: checkpoint name, dtype, shape, little-endian bytes.
+type Encoded = (String, DType, Vec<usize>, Vec<u8>);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthDtype {
     F32,
@@ -43,7 +46,7 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
     std::fs::write(out.join("config.json"), config_text).map_err(io)?;
     let program = contract_program(plan)?;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors: Vec<Encoded> = Vec::new();
     for w in &program.weights {
         let name = checkpoint_name(plan, &w.name);
         if w.class == WeightClass::I64 {
@@ -162,7 +165,7 @@ fn write_files(
     tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
     shard_bytes: usize,
 ) -> Result<()> {
-    let mut files: Vec<Vec<(String, DType, Vec<usize>, Vec<u8>)>> = vec![Vec::new()];
+    let mut files: Vec<Vec<Encoded>> = vec![Vec::new()];
     let mut size = 0usize;
     for t in tensors {
         if size > 0 && size + t.3.len() > shard_bytes {

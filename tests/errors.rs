@@ -261,7 +261,7 @@ fn missing_tensor_in_sharded_checkpoint_names_tensor_and_shard() {
     let dir = copy_model(&src, "missing-shard-tensor");
     let shard = dir.join("model-00001-of-00002.safetensors");
     let victim = {
-        let ck = Checkpoint::open_files(&[shard.clone()]).unwrap();
+        let ck = Checkpoint::open_files(std::slice::from_ref(&shard)).unwrap();
         let n = ck
             .names()
             .find(|n| n.ends_with("norm.weight"))

@@ -270,8 +270,6 @@ fn shape_errors_name_the_kernel() {
     let Some(gpu) = gpu_or_skip() else { return };
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
-    let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 3)
-        .err()
-        .expect("a shape error");
+    let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 3).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows_f32"), "{err}");
 }

@@ -15,14 +15,14 @@ pub fn hc_mix(hn: &[f32], down: &[f32], up: &[f32], tokens: usize, streams: usiz
             .collect();
         let mut sums = vec![0.0f32; hid];
         for s in 0..streams {
-            for c in 0..hid {
+            for (c, sum) in sums.iter_mut().enumerate() {
                 let ch = s * hid + c;
                 let gate = sigmoid(dot(&act, &up[ch * rank..(ch + 1) * rank]));
-                sums[c] += gate * row[ch];
+                *sum += gate * row[ch];
             }
         }
-        for c in 0..hid {
-            out[t * hid + c] = sums[c] / streams as f32;
+        for (o, sum) in out[t * hid..(t + 1) * hid].iter_mut().zip(&sums) {
+            *o = sum / streams as f32;
         }
     }
     out

@@ -9,6 +9,7 @@ use super::sigmoid;
 /// (an eos ends its segment: tokens after it see only eos as history). For each order
 /// `o in 2..=n`: `mix = XOR_{j<o} shift_j * mult[j]` (wrapping i64), and head h of that order gets
 /// `mix mod size[h] + offset[h]`.
+#[allow(clippy::too_many_arguments)] // the tables HF keeps as three buffers, plus the n-gram shape
 pub fn ngram_ids(
     tokens: &[i64],
     history: &mut [i64],

@@ -59,6 +59,7 @@ impl std::str::FromStr for DeviceChoice {
 }
 
 /// The executor a model runs on, with what it keeps there.
+#[allow(clippy::large_enum_variant)] // one per model
 pub enum Backend {
     Cpu,
     Cuda {

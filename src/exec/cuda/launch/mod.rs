@@ -105,7 +105,7 @@ pub fn mul(
     let kernel = "mul_reference_f32";
     shape(
         kernel,
-        rows > 0 && a.len() % rows == 0 && (b_in.len() == a.len() || b_in.len() == rows),
+        rows > 0 && a.len().is_multiple_of(rows) && (b_in.len() == a.len() || b_in.len() == rows),
         || format!("a has {} values, b {}, rows {rows}", a.len(), b_in.len()),
     )?;
     let f = gpu.function("elementwise.cu", kernel)?;
@@ -139,9 +139,9 @@ pub fn rms_norm(
     shape(
         kernel,
         group > 0
-            && x.len() % group == 0
-            && w.len() > 0
-            && (w.len() == group || x.len() % w.len() == 0),
+            && x.len().is_multiple_of(group)
+            && !w.is_empty()
+            && (w.len() == group || x.len().is_multiple_of(w.len())),
         || format!("x {} values, group {group}, weight {}", x.len(), w.len()),
     )?;
     let f = gpu.function("norm.cu", kernel)?;
@@ -248,7 +248,7 @@ pub fn embed(
         DeviceMatrix::F32(_) => "embed_reference_f32",
         DeviceMatrix::Bf16(_) => "embed_reference_bf16",
     };
-    shape(kernel, d > 0 && table.len() % d == 0, || {
+    shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
         format!("table of {} values is not rows of {d}", table.len())
     })?;
     let f = gpu.function("embed.cu", kernel)?;
