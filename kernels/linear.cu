@@ -92,3 +92,71 @@ extern "C" __global__ void linear_rows_bf16(float* y, const float* x, const bf16
         }
     }
 }
+
+// Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs
+// (32 of k at a time), so each weight tile is read once per 64 tokens instead of once per 8.
+// 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns tokens ty*4..+4 and outputs tx*4..+4.
+#define TILE_T 64
+#define TILE_N 64
+#define TILE_K 32
+
+template <typename W>
+__device__ __forceinline__ float weight_at(const W* w, long i);
+template <>
+__device__ __forceinline__ float weight_at<float>(const float* w, long i) { return w[i]; }
+template <>
+__device__ __forceinline__ float weight_at<bf16_t>(const bf16_t* w, long i) { return bf16_to_f32(w[i]); }
+
+template <typename W>
+__device__ __forceinline__ void linear_tiled(float* y, const float* x, const W* w, long tokens, long k, long n) {
+    __shared__ float xs[TILE_T][TILE_K + 1];
+    __shared__ float ws[TILE_N][TILE_K + 1];
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const long t0 = (long)blockIdx.y * TILE_T, n0 = (long)blockIdx.x * TILE_N;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (long k0 = 0; k0 < k; k0 += TILE_K) {
+#pragma unroll
+        for (int e = tid; e < TILE_T * TILE_K; e += 256) {
+            const int row = e / TILE_K, col = e % TILE_K;
+            const long t = t0 + row, kk = k0 + col;
+            xs[row][col] = (t < tokens && kk < k) ? x[t * k + kk] : 0.0f;
+            const long r = n0 + row;
+            ws[row][col] = (r < n && kk < k) ? weight_at<W>(w, r * k + kk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < TILE_K; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = xs[ty * 4 + i][kk];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = ws[tx * 4 + j][kk];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();  // the tiles are rewritten next
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const long t = t0 + ty * 4 + i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const long r = n0 + tx * 4 + j;
+            if (t < tokens && r < n) y[t * n + r] = acc[i][j];
+        }
+    }
+}
+
+extern "C" __global__ void linear_tiled_f32(float* y, const float* x, const float* w, long tokens, long k, long n) {
+    linear_tiled<float>(y, x, w, tokens, k, n);
+}
+
+extern "C" __global__ void linear_tiled_bf16(float* y, const float* x, const bf16_t* w, long tokens, long k, long n) {
+    linear_tiled<bf16_t>(y, x, w, tokens, k, n);
+}

@@ -139,6 +139,19 @@ fn lower_the_real_config_without_weights() {
         assert!(stdout.starts_with("Program("));
         assert!(stderr.contains("fusion swiglu: 48 match(es)"), "{stderr}");
     }
+    // Scheduled for the CUDA executor: its own rules choose the variants.
+    let (ok, stdout, stderr) = graphrun(&[
+        "lower",
+        "--config",
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "--device",
+        "cuda",
+        "--tokens",
+        "64",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("device: Cuda") && stdout.contains("rule: \"linear.cuda_tiled\""));
+    assert!(!stdout.contains("linear.prefill_tiled"));
     let (ok, stdout, _) = graphrun(&[
         "lower",
         "--model",

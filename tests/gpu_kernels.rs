@@ -217,6 +217,42 @@ fn kernels_match_the_cpu_reference() {
         );
     }
 
+    // The tiled multi-token kernel: odd sizes (partial tiles in every dimension) and real prefill
+    // shapes (2048 tokens through q_proj; o_proj; the shared expert's 2560->640).
+    for (t, k, n) in [
+        (9, 37, 53),
+        (65, 100, 130),
+        (130, 2560, 640),
+        (2048, 2560, 12288),
+        (512, 6144, 2560),
+    ] {
+        let x = random(&mut rng, t * k);
+        let w = random(&mut rng, n * k);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let s = format!("T{t} {k}->{n}");
+        let dw = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
+        let got = gpu
+            .download(&launch::linear_tiled(&gpu, &dx, &dw, t, k, n).unwrap(), "y")
+            .unwrap();
+        report.check(
+            "linear_tiled_f32",
+            &s,
+            &got,
+            &linear::tiled(&x, &w, t, k, n),
+        );
+        let bits = bf16_bits(&w);
+        let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
+        let got = gpu
+            .download(&launch::linear_tiled(&gpu, &dx, &dw, t, k, n).unwrap(), "y")
+            .unwrap();
+        report.check(
+            "linear_tiled_bf16",
+            &s,
+            &got,
+            &linear::tiled(&x, &widen(&bits), t, k, n),
+        );
+    }
+
     // Embedding gathers: tiny, and the real vocabulary (248320 x 2560, bf16) and PLE lookup shape.
     for (rows, d, count, bf16) in [
         (99, 16, 7, false),

@@ -4,25 +4,30 @@
 
 mod common;
 
-use graphrun::ir::{LogitsMode, Phase};
+use graphrun::ir::{Device, LogitsMode, Phase};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
 use graphrun::plan::ModelPlan;
 
 fn snapshot(config: &str, name: &str, phase: Phase, tokens: usize, logits: LogitsMode) {
+    snapshot_on(Device::Cpu, config, name, phase, tokens, logits)
+}
+
+fn snapshot_on(
+    device: Device,
+    config: &str,
+    name: &str,
+    phase: Phase,
+    tokens: usize,
+    logits: LogitsMode,
+) {
     let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
-    let lowered = lower(
-        &plan,
-        &GraphSet::embedded().unwrap(),
-        &LowerOptions::new(phase, tokens, logits),
-    )
-    .unwrap();
+    let opts = LowerOptions {
+        device,
+        ..LowerOptions::new(phase, tokens, logits)
+    };
+    let lowered = lower(&plan, &GraphSet::embedded().unwrap(), &opts).unwrap();
     // Lowering is deterministic: twice gives the same text.
-    let again = lower(
-        &plan,
-        &GraphSet::embedded().unwrap(),
-        &LowerOptions::new(phase, tokens, logits),
-    )
-    .unwrap();
+    let again = lower(&plan, &GraphSet::embedded().unwrap(), &opts).unwrap();
     let text = lowered.program.to_ron();
     assert_eq!(text, again.program.to_ron());
     // The text form reads back into the same program.
@@ -76,6 +81,31 @@ fn real_decode() {
         "qwen3.8_flash_next_decode",
         Phase::Decode,
         1,
+        LogitsMode::Last,
+    );
+}
+
+/// The same programs scheduled for the CUDA executor: its rules and variants.
+#[test]
+fn real_decode_cuda() {
+    snapshot_on(
+        Device::Cuda,
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "qwen3.8_flash_next_decode_cuda",
+        Phase::Decode,
+        1,
+        LogitsMode::Last,
+    );
+}
+
+#[test]
+fn real_prefill_cuda() {
+    snapshot_on(
+        Device::Cuda,
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "qwen3.8_flash_next_prefill_t64_cuda",
+        Phase::Prefill,
+        64,
         LogitsMode::Last,
     );
 }

@@ -184,6 +184,9 @@ struct LowerArgs {
     /// Logits for every position (`all`) or only the last (`last`).
     #[arg(long, default_value = "all")]
     logits: String,
+    /// The executor to schedule for (its rules and kernel variants): cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    device: graphrun::ir::Device,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -348,6 +351,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 ));
             }
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
+            opts.device = a.device;
             opts.overrides = a.schedule.overrides()?;
             opts.fusions = a.schedule.fusions();
             let lowered = lower::lower(&plan, &graph_set(&cli.graphs)?, &opts)?;

@@ -17,6 +17,6 @@ pub mod program;
 
 pub use op::{Op, Sym, ValueType};
 pub use program::{
-    Consts, GateActivation, LogitsMode, Node, Phase, PleTable, Program, StateInfo, StateKind,
-    ValueInfo, WeightClass, WeightInfo,
+    Consts, Device, GateActivation, LogitsMode, Node, Phase, PleTable, Program, StateInfo,
+    StateKind, ValueInfo, WeightClass, WeightInfo,
 };

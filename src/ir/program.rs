@@ -38,6 +38,37 @@ impl std::str::FromStr for Phase {
     }
 }
 
+/// Which executor a program is scheduled for: rules may test it, and the variants a node may
+/// use are that executor's.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord,
+)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        })
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(format!("unknown device `{other}` (expected cpu or cuda)")),
+        }
+    }
+}
+
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub enum LogitsMode {
@@ -146,6 +177,7 @@ pub struct Program {
     pub phase: Phase,
     pub tokens: usize,
     pub logits: LogitsMode,
+    pub device: Device,
     pub consts: Consts,
     /// The program's input: token ids `[T, 1]` (i64).
     pub input: String,

@@ -92,6 +92,7 @@ fn empty_program(plan: &ModelPlan, opts: &LowerOptions) -> Program {
         phase: opts.phase,
         tokens: opts.tokens,
         logits: opts.logits,
+        device: opts.device,
         consts: Consts {
             rms_norm_eps: plan.rms_norm_eps,
             rope_theta: plan.attn.rope_theta,

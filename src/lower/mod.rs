@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 pub use error::LowerError;
 pub use graphset::GraphSet;
 
-use crate::ir::{LogitsMode, Phase, Program};
+use crate::ir::{Device, LogitsMode, Phase, Program};
 use crate::passes::{self, schedule::RuleOverride};
 use crate::plan::ModelPlan;
 
@@ -31,6 +31,8 @@ pub struct LowerOptions {
     pub fusions: Option<Vec<String>>,
     /// The checkpoint's float dtype, when known (rules may test it).
     pub weight_dtype: Option<String>,
+    /// The executor the program is for.
+    pub device: Device,
 }
 
 impl LowerOptions {
@@ -42,6 +44,7 @@ impl LowerOptions {
             overrides: Vec::new(),
             fusions: None,
             weight_dtype: None,
+            device: Device::Cpu,
         }
     }
 }
@@ -94,6 +97,7 @@ pub fn lower(
     let dims = plan.dims();
     let fusion_counts = passes::fuse::run(&mut program, &fusions, &dims)?;
     let facts = passes::schedule::Facts {
+        device: opts.device,
         phase: opts.phase,
         tokens: opts.tokens,
         dims: &dims,

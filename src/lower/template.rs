@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::ir::{Op, Phase, Sym};
+use crate::ir::{Device, Op, Phase, Sym};
 
 /// One block (`graphs/qwen4exp/<name>.ron`): a small dataflow graph over named values.
 #[derive(Debug, Clone, Deserialize)]
@@ -171,6 +171,9 @@ pub struct Rule {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Predicate {
+    /// The executor the program is for.
+    #[serde(default)]
+    pub device: Option<Device>,
     #[serde(default)]
     pub phase: Option<Phase>,
     #[serde(default)]

@@ -18,6 +18,14 @@ pub mod ple;
 pub mod rope;
 pub mod shape;
 
+/// The kernel variants of an op kind on `device`; the first is the default. Empty for unknown kinds.
+pub fn variants_on(device: crate::ir::Device, kind: &str) -> &'static [&'static str] {
+    match device {
+        crate::ir::Device::Cpu => variants(kind),
+        crate::ir::Device::Cuda => crate::exec::cuda::variants(kind),
+    }
+}
+
 /// The CPU kernel variants of an op kind; the first is the reference. Empty for unknown kinds.
 pub fn variants(kind: &str) -> &'static [&'static str] {
     match kind {

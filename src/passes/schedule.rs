@@ -7,7 +7,7 @@
 //! `--rule NAME=off` removes the rule.
 
 use crate::ir::dims::Dims;
-use crate::ir::{Phase, Program};
+use crate::ir::{Device, Phase, Program};
 use crate::lower::template::{Predicate, Rule};
 use crate::lower::LowerError;
 use crate::ops;
@@ -37,6 +37,7 @@ impl std::str::FromStr for RuleOverride {
 
 /// What the predicates see.
 pub struct Facts<'a> {
+    pub device: Device,
     pub phase: Phase,
     pub tokens: usize,
     pub dims: &'a Dims,
@@ -55,13 +56,16 @@ pub fn check_rules(rules: &[Rule], overrides: &[RuleOverride]) -> Result<Vec<Rul
             });
         };
         if let Some(v) = &o.variant {
-            if !ops::variants(&rule.op).contains(&v.as_str()) {
+            if !rule_devices(rule)
+                .iter()
+                .all(|d| ops::variants_on(*d, &rule.op).contains(&v.as_str()))
+            {
                 return Err(LowerError::Override {
                     arg: format!("{}={v}", o.rule),
                     msg: format!(
                         "op `{}` has no variant `{v}` (variants: {})",
                         rule.op,
-                        ops::variants(&rule.op).join(", ")
+                        variant_list(rule)
                     ),
                 });
             }
@@ -76,16 +80,17 @@ pub fn check_rules(rules: &[Rule], overrides: &[RuleOverride]) -> Result<Vec<Rul
         if rules.iter().filter(|r| r.name == rule.name).count() > 1 {
             return Err(err("the name is used twice".into()));
         }
-        let variants = ops::variants(&rule.op);
-        if variants.is_empty() {
+        if ops::variants(&rule.op).is_empty() {
             return Err(err(format!("unknown op `{}`", rule.op)));
         }
-        if !variants.contains(&rule.variant.as_str()) {
+        let valid = rule_devices(rule)
+            .iter()
+            .all(|d| ops::variants_on(*d, &rule.op).contains(&rule.variant.as_str()));
+        let variants = variant_list(rule);
+        if !valid {
             return Err(err(format!(
                 "op `{}` has no variant `{}` (variants: {})",
-                rule.op,
-                rule.variant,
-                variants.join(", ")
+                rule.op, rule.variant, variants
             )));
         }
         let mut rule = rule.clone();
@@ -114,8 +119,26 @@ pub fn check_rules(rules: &[Rule], overrides: &[RuleOverride]) -> Result<Vec<Rul
     Ok(effective)
 }
 
+/// The executors a rule can apply to.
+fn rule_devices(rule: &Rule) -> Vec<Device> {
+    match rule.when.device {
+        Some(d) => vec![d],
+        None => vec![Device::Cpu, Device::Cuda],
+    }
+}
+
+/// The variants a rule may choose from, for messages.
+fn variant_list(rule: &Rule) -> String {
+    rule_devices(rule)
+        .iter()
+        .map(|d| format!("{d}: {}", ops::variants_on(*d, &rule.op).join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Whether some program could satisfy both predicates.
 fn may_overlap(a: &Predicate, b: &Predicate) -> bool {
+    let device = a.device.is_none() || b.device.is_none() || a.device == b.device;
     let phase = a.phase.is_none() || b.phase.is_none() || a.phase == b.phase;
     let lo = a.min_tokens.unwrap_or(1).max(b.min_tokens.unwrap_or(1));
     let hi = a
@@ -124,11 +147,12 @@ fn may_overlap(a: &Predicate, b: &Predicate) -> bool {
         .min(b.max_tokens.unwrap_or(usize::MAX));
     let dtype =
         a.weight_dtype.is_none() || b.weight_dtype.is_none() || a.weight_dtype == b.weight_dtype;
-    phase && lo <= hi && dtype
+    device && phase && lo <= hi && dtype
 }
 
 fn holds(p: &Predicate, f: &Facts) -> bool {
-    p.phase.is_none_or(|ph| ph == f.phase)
+    p.device.is_none_or(|d| d == f.device)
+        && p.phase.is_none_or(|ph| ph == f.phase)
         && p.min_tokens.is_none_or(|m| f.tokens >= m)
         && p.max_tokens.is_none_or(|m| f.tokens <= m)
         && p.min_dims
@@ -152,7 +176,7 @@ pub fn run(program: &mut Program, rules: &[Rule], facts: &Facts) -> Result<(), L
                 node.rule = rule.name.clone();
             }
             None => {
-                let reference = ops::variants(kind)
+                let reference = ops::variants_on(facts.device, kind)
                     .first()
                     .ok_or_else(|| LowerError::Invalid {
                         node: node.name.clone(),

@@ -79,7 +79,7 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
                 ));
             }
         }
-        if !ops::variants(node.op.kind()).contains(&node.variant.as_str()) {
+        if !ops::variants_on(program.device, node.op.kind()).contains(&node.variant.as_str()) {
             return Err(invalid(
                 &node.name,
                 format!(

@@ -218,6 +218,10 @@ impl Model {
         opts.overrides = self.options.overrides.clone();
         opts.fusions = self.options.fusions.clone();
         opts.weight_dtype = Some(self.weight_dtype.clone());
+        opts.device = match self.backend {
+            Backend::Cpu => crate::ir::Device::Cpu,
+            Backend::Cuda { .. } => crate::ir::Device::Cuda,
+        };
         let program = Arc::new(lower::lower(&self.plan, &self.graphs, &opts)?.program);
         self.programs
             .lock()

@@ -469,10 +469,11 @@ fn record_nodes(
                 let m = weights.matrix(w(0))?;
                 let k = x.len() / rows;
                 let n = m.len() / k;
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::linear_rows(gpu, x, m, rows, k, n)?,
-                }]
+                let y = match node.variant.as_str() {
+                    "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
+                    _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
+                };
+                vec![DVal::F32 { rows, buf: y }]
             }
             Op::DivBy { by } => {
                 let (x, rows) = arg(0).f32();

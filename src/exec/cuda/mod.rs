@@ -21,5 +21,16 @@ pub mod launch;
 pub mod probe;
 
 pub use device::Gpu;
+
+/// The CUDA kernel variants of an op kind (the first is the default), as rules name them.
+pub fn variants(kind: &str) -> &'static [&'static str] {
+    match kind {
+        // One warp per output row, up to 8 tokens per pass (decode); shared-memory tiles (prefill).
+        "linear" => &["rows", "tiled"],
+        "moe_experts" => &["token_major"],
+        other if !crate::ops::variants(other).is_empty() => &["reference"],
+        _ => &[],
+    }
+}
 pub use error::CudaError;
 pub use probe::{probe, CudaUnavailable, DeviceInfo};

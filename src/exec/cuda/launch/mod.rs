@@ -237,6 +237,55 @@ pub fn linear_rows(
     Ok(y)
 }
 
+/// `y = x · Wᵀ` for many tokens: shared-memory tiles of 64 tokens x 64 outputs.
+pub fn linear_tiled(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let kernel = match w {
+        DeviceMatrix::F32(_) => "linear_tiled_f32",
+        DeviceMatrix::Bf16(_) => "linear_tiled_bf16",
+    };
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        n.div_ceil(64) < 1 << 31 && tokens.div_ceil(64) < 65_536,
+        || format!("{tokens}x{n} is too large a grid"),
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.zeros::<f32>(tokens * n, kernel)?;
+    let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut y).arg(x);
+    match w {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+    b.arg(&t64).arg(&k64).arg(&n64);
+    // SAFETY: shapes checked above; every load and store is bounds-checked in the kernel.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
 /// Gathers rows of `table [rows, d]` for each id.
 pub fn embed(
     gpu: &Gpu,
