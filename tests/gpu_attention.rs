@@ -13,60 +13,16 @@
 //! roundings, so only a score near-tie at the top-k boundary within an ulp or so of the RoPE
 //! angles could flip; a mismatch reports the reference's boundary gap to tell that from a bug.
 
+mod common;
+
+use common::gpu::*;
 use graphrun::exec::cuda::launch::attention as attn;
-use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::exec::cuda::Gpu;
 use graphrun::ops::attention::{attend, AttnShape};
 use graphrun::ops::indexer::{pool_blocks, select, IndexerShape, RowSel};
 use graphrun::ops::rope;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const F32_BOUND: f64 = 1e-5;
-
-fn gpu_or_skip() -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
-        Err(e) => {
-            println!("GPU attention tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
-            None
-        }
-    }
-}
-
-fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
-
-/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
-fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite output");
-        let d = (g - w) as f64;
-        num += d * d;
-        den += (w as f64) * (w as f64);
-        max_diff = max_diff.max(d.abs());
-        max_ref = max_ref.max((w as f64).abs());
-    }
-    (
-        (num / den.max(1e-300)).sqrt(),
-        max_diff / max_ref.max(1e-300),
-    )
-}
-
-fn check(what: &str, shape: &str, got: &[f32], want: &[f32]) {
-    let (rel, max) = errors(got, want);
-    let exact = got.iter().zip(want).filter(|(g, w)| g == w).count();
-    println!(
-        "{what:<28} {shape:<34} rel {rel:.2e}  max {max:.2e}  bit-equal {:.1}%",
-        100.0 * exact as f64 / want.len().max(1) as f64
-    );
-    assert!(
-        rel <= F32_BOUND && max <= F32_BOUND * 10.0,
-        "{what} at {shape}: rel {rel:e}, max {max:e}"
-    );
-}
 
 #[test]
 fn rope_matches_the_cpu_reference() {

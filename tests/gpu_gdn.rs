@@ -11,78 +11,16 @@
 //! on the CPU and on the GPU (the GPU's order of operations does not depend on the split: the
 //! window and state round-trip through memory as f32, as they are held).
 
+mod common;
+
+use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::launch::gdn;
-use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::exec::cuda::Gpu;
 use graphrun::ops::conv;
 use graphrun::ops::gdn::{self as cpu_gdn, GdnShape};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const F32_BOUND: f64 = 1e-5;
-
-fn gpu_or_skip() -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
-        Err(e) => {
-            println!("GPU kernel tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
-            None
-        }
-    }
-}
-
-fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
-        .collect()
-}
-
-/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
-fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite output");
-        let d = (g - w) as f64;
-        num += d * d;
-        den += (w as f64) * (w as f64);
-        max_diff = max_diff.max(d.abs());
-        max_ref = max_ref.max((w as f64).abs());
-    }
-    (
-        (num / den.max(1e-300)).sqrt(),
-        max_diff / max_ref.max(1e-300),
-    )
-}
-
-struct Report(Vec<String>);
-
-impl Report {
-    fn check(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
-        let (rel, max) = errors(got, want);
-        let line = format!("{kernel:<30} {shape:<44} rel {rel:.2e}  max {max:.2e}");
-        println!("{line}");
-        self.0.push(line);
-        assert!(
-            rel <= F32_BOUND && max <= F32_BOUND * 10.0,
-            "{kernel} at {shape}: rel {rel:e}, max {max:e}"
-        );
-    }
-
-    /// Bit-for-bit equality (the same computation, split differently).
-    fn same(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{kernel} at {shape}");
-        let differing = got
-            .iter()
-            .zip(want)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        let line = format!("{kernel:<30} {shape:<44} split == whole: {differing} values differ");
-        println!("{line}");
-        self.0.push(line);
-        assert_eq!(differing, 0, "{kernel} at {shape}: split != whole");
-    }
-}
 
 fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Vec<f32> {
     gpu.download(s, "result").unwrap()
@@ -103,13 +41,13 @@ fn causal_conv_matches_the_cpu_reference() {
         (10240, 4, 3),
     ] {
         let past = (kernel - 1) * dilation;
-        let w = random(&mut rng, width * kernel, 1.0);
+        let w = random_scaled(&mut rng, width * kernel, 1.0);
         let dw = gpu.upload(&w, "w").unwrap();
         for silu in [true, false] {
             // One step of 1 (decode) and of 64 rows (prefill), from a non-zero window.
             for rows in [1usize, 64] {
-                let x = random(&mut rng, rows * width, 1.0);
-                let window0 = random(&mut rng, past * width, 1.0);
+                let x = random_scaled(&mut rng, rows * width, 1.0);
+                let window0 = random_scaled(&mut rng, past * width, 1.0);
                 let mut cpu_window = window0.clone();
                 let want = conv::causal_conv(&x, &mut cpu_window, &w, rows, kernel, dilation, silu);
                 let dx = gpu.upload(&x, "x").unwrap();
@@ -127,8 +65,8 @@ fn causal_conv_matches_the_cpu_reference() {
             }
 
             // 8 rows at once, and 5 then 3 with the window carried, on both sides.
-            let x = random(&mut rng, 8 * width, 1.0);
-            let window0 = random(&mut rng, past * width, 1.0);
+            let x = random_scaled(&mut rng, 8 * width, 1.0);
+            let window0 = random_scaled(&mut rng, past * width, 1.0);
             let (x5, x3) = x.split_at(5 * width);
             let mut cpu_whole_window = window0.clone();
             let cpu_whole =
@@ -200,10 +138,10 @@ fn gdn_gates_match_the_cpu_reference() {
     // Tiny, and the real 48 value heads at decode and prefill. `a` spans ±25 so that a + dt_bias
     // falls on both sides of softplus's threshold (20).
     for (rows, heads) in [(3usize, 4usize), (1, 48), (64, 48)] {
-        let b = random(&mut rng, rows * heads, 4.0);
-        let a = random(&mut rng, rows * heads, 25.0);
-        let a_log = random(&mut rng, heads, 2.0);
-        let dt_bias = random(&mut rng, heads, 1.0);
+        let b = random_scaled(&mut rng, rows * heads, 4.0);
+        let a = random_scaled(&mut rng, rows * heads, 25.0);
+        let a_log = random_scaled(&mut rng, heads, 2.0);
+        let dt_bias = random_scaled(&mut rng, heads, 1.0);
         let (want_beta, want_g) = cpu_gdn::gates(&b, &a, &a_log, &dt_bias);
         let up = |v: &[f32]| gpu.upload(v, "gates input").unwrap();
         let (beta, g) = gdn::gdn_gates(
@@ -238,14 +176,14 @@ fn recurrence_inputs(
     a_shift: f32,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let width = 2 * s.key_heads * s.key_dim + s.value_heads * s.value_dim;
-    let qkv = random(rng, rows * width, 1.0);
-    let b = random(rng, rows * s.value_heads, 2.0);
-    let a: Vec<f32> = random(rng, rows * s.value_heads, 1.0)
+    let qkv = random_scaled(rng, rows * width, 1.0);
+    let b = random_scaled(rng, rows * s.value_heads, 2.0);
+    let a: Vec<f32> = random_scaled(rng, rows * s.value_heads, 1.0)
         .into_iter()
         .map(|v| v + a_shift)
         .collect();
-    let a_log = random(rng, s.value_heads, 1.0);
-    let dt_bias = random(rng, s.value_heads, 1.0);
+    let a_log = random_scaled(rng, s.value_heads, 1.0);
+    let dt_bias = random_scaled(rng, s.value_heads, 1.0);
     let (beta, g) = cpu_gdn::gates(&b, &a, &a_log, &dt_bias);
     (qkv, beta, g)
 }
@@ -288,7 +226,7 @@ fn gdn_recurrence_matches_the_cpu_reference() {
         // exp(g) close to 1, the state keeps most of 64 tokens).
         for (rows, a_shift) in [(1usize, 0.0f32), (64, 0.0), (64, -6.0)] {
             let (qkv, beta, g) = recurrence_inputs(&mut rng, rows, s, a_shift);
-            let state0 = random(&mut rng, state_len, 1.0);
+            let state0 = random_scaled(&mut rng, state_len, 1.0);
             let mut cpu_state = state0.clone();
             let want = cpu_gdn::recurrence(&qkv, &beta, &g, &mut cpu_state, rows, s);
             let (dq, db, dg) = (
@@ -315,7 +253,7 @@ fn gdn_recurrence_matches_the_cpu_reference() {
 
         // 8 rows at once, and 5 then 3 with the state carried, on both sides.
         let (qkv, beta, g) = recurrence_inputs(&mut rng, 8, s, 0.0);
-        let state0 = random(&mut rng, state_len, 1.0);
+        let state0 = random_scaled(&mut rng, state_len, 1.0);
         let width = qkv.len() / 8;
         let vh = s.value_heads;
         let (q5, q3) = qkv.split_at(5 * width);

@@ -10,40 +10,15 @@
 //! max |cpu| within 1e-4. bf16 weights are compared with the reference on the same bf16 values
 //! widened to f32, so only the summation order differs.
 
+mod common;
+
+use common::gpu::*;
 use graphrun::exec::cuda::launch::{layout, DeviceMatrix};
-use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::exec::cuda::Gpu;
 use graphrun::ir::GateActivation;
 use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-const F32_BOUND: f64 = 1e-5;
-
-fn gpu_or_skip() -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
-        Err(e) => {
-            println!("GPU layout tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
-            None
-        }
-    }
-}
-
-fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
-
-fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_bits())
-        .collect()
-}
-
-fn widen(bits: &[u16]) -> Vec<f32> {
-    bits.iter()
-        .map(|&b| half::bf16::from_bits(b).to_f32())
-        .collect()
-}
 
 /// The weights on the device (as bf16 bits when `bf16`) and the values the reference uses.
 fn matrix(gpu: &Gpu, w: &[f32], bf16: bool) -> (DeviceMatrix, Vec<f32>) {
@@ -61,39 +36,6 @@ fn dtype(bf16: bool) -> &'static str {
         "bf16"
     } else {
         "f32"
-    }
-}
-
-/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
-fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite output");
-        let d = (g - w) as f64;
-        num += d * d;
-        den += (w as f64) * (w as f64);
-        max_diff = max_diff.max(d.abs());
-        max_ref = max_ref.max((w as f64).abs());
-    }
-    (
-        (num / den.max(1e-300)).sqrt(),
-        max_diff / max_ref.max(1e-300),
-    )
-}
-
-struct Report(Vec<String>);
-
-impl Report {
-    fn check(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
-        let (rel, max) = errors(got, want);
-        let line = format!("{kernel:<30} {shape:<30} rel {rel:.2e}  max {max:.2e}");
-        println!("{line}");
-        self.0.push(line);
-        assert!(
-            rel <= F32_BOUND && max <= F32_BOUND * 10.0,
-            "{kernel} at {shape}: rel {rel:e}, max {max:e}"
-        );
     }
 }
 

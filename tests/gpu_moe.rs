@@ -11,67 +11,16 @@
 //! ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against the reference on the
 //! same bf16 values widened; n-gram ids and the carried history exactly equal.
 
+mod common;
+
+use common::gpu::*;
 use graphrun::exec::cuda::launch::{moe as gmoe, DeviceMatrix};
-use graphrun::exec::cuda::{probe, Gpu};
+use graphrun::exec::cuda::Gpu;
 use graphrun::ops::{moe, ple};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const F32_BOUND: f64 = 1e-5;
 const ROUTER_WEIGHT_BOUND: f32 = 1e-6;
-
-fn gpu_or_skip() -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
-        Err(e) => {
-            println!("GPU MoE tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
-            None
-        }
-    }
-}
-
-fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_bits())
-        .collect()
-}
-
-fn widen(bits: &[u16]) -> Vec<f32> {
-    bits.iter()
-        .map(|&b| half::bf16::from_bits(b).to_f32())
-        .collect()
-}
-
-/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|)
-fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite output");
-        let d = (g - w) as f64;
-        num += d * d;
-        den += (w as f64) * (w as f64);
-        max_diff = max_diff.max(d.abs());
-        max_ref = max_ref.max((w as f64).abs());
-    }
-    (
-        (num / den.max(1e-300)).sqrt(),
-        max_diff / max_ref.max(1e-300),
-    )
-}
-
-fn check(kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
-    let (rel, max) = errors(got, want);
-    println!("{kernel:<28} {shape:<36} rel {rel:.2e}  max {max:.2e}");
-    assert!(
-        rel <= F32_BOUND && max <= F32_BOUND * 10.0,
-        "{kernel} at {shape}: rel {rel:e}, max {max:e}"
-    );
-}
 
 /// The reference's softmax of one row (as `ops::moe::route` computes it).
 fn softmax(row: &[f32]) -> Vec<f32> {
@@ -97,7 +46,7 @@ fn logits(rng: &mut ChaCha8Rng, rows: usize, experts: usize, k: usize) -> Vec<f3
     let mut out = Vec::with_capacity(rows * experts);
     for _ in 0..rows {
         loop {
-            let row = random(rng, experts, 4.0);
+            let row = random_scaled(rng, experts, 4.0);
             if !near_tie(&row, k) {
                 out.extend(row);
                 break;
@@ -189,7 +138,7 @@ fn experts_match_the_reference() {
         (1, 64, 2560, 640, 10),
         (16, 64, 2560, 640, 10),
     ] {
-        let x = random(&mut rng, rows * hidden, 1.0);
+        let x = random_scaled(&mut rng, rows * hidden, 1.0);
         let l = logits(&mut rng, rows, experts, k);
         let (ids, w) = moe::route(&l, experts, k, true);
         let dx = gpu.upload(&x, "x").unwrap();
@@ -200,12 +149,12 @@ fn experts_match_the_reference() {
             let down_scale = 1.0 / (inter as f32).sqrt();
             let (dgu, gu) = bank(
                 &gpu,
-                random(&mut rng, experts * 2 * inter * hidden, gu_scale),
+                random_scaled(&mut rng, experts * 2 * inter * hidden, gu_scale),
                 bf16,
             );
             let (ddown, down) = bank(
                 &gpu,
-                random(&mut rng, experts * hidden * inter, down_scale),
+                random_scaled(&mut rng, experts * hidden * inter, down_scale),
                 bf16,
             );
             let reference = moe::ExpertBank {
@@ -243,9 +192,9 @@ fn experts_match_the_reference() {
     // An id out of range poisons its token's row with NaN and reads nothing out of bounds;
     // the other tokens are untouched.
     let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
-    let x = random(&mut rng, rows * hidden, 1.0);
-    let gu = random(&mut rng, experts * 2 * inter * hidden, 0.25);
-    let down = random(&mut rng, experts * hidden * inter, 0.35);
+    let x = random_scaled(&mut rng, rows * hidden, 1.0);
+    let gu = random_scaled(&mut rng, experts * 2 * inter * hidden, 0.25);
+    let down = random_scaled(&mut rng, experts * hidden * inter, 0.35);
     let ids = vec![0i64, 2, 1, experts as i64];
     let w = vec![0.5f32, 0.5, 0.5, 0.5];
     let y = gmoe::moe_experts(
@@ -334,7 +283,7 @@ impl Ngram {
     }
 
     /// Random: full-range multipliers (products wrap, mixes go negative), sizes up to 1e7.
-    fn random(rng: &mut ChaCha8Rng, ngram: usize, hpn: usize) -> Ngram {
+    fn random_scaled(rng: &mut ChaCha8Rng, ngram: usize, hpn: usize) -> Ngram {
         let heads = (ngram - 1) * hpn;
         let sizes: Vec<i64> = (0..heads)
             .map(|_| rng.random_range(2..10_000_000))
@@ -445,7 +394,7 @@ fn ngram_ids_match_the_reference() {
     // threads in the block.
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0003);
     for (ngram, hpn) in [(2, 1), (3, 2), (3, 8), (4, 3), (6, 2)] {
-        let cfg = Ngram::random(&mut rng, ngram, hpn);
+        let cfg = Ngram::random_scaled(&mut rng, ngram, hpn);
         for (len, chunks) in [
             (8, vec![8]),
             (8, vec![5, 3]),

@@ -1,0 +1,107 @@
+//! Helpers shared by the GPU tests (`tests/gpu_*.rs`): the device or a note that the tests run
+//! elsewhere, random inputs, bf16 rounding, and the error measures every kernel check uses.
+
+use graphrun::exec::cuda::{probe, Gpu};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// f32 math: ‖gpu − cpu‖ / ‖cpu‖ within this, and max |diff| / max |cpu| within ten times it.
+pub const F32_BOUND: f64 = 1e-5;
+
+/// The GPU, or None after saying where the GPU tests run.
+pub fn gpu_or_skip() -> Option<Gpu> {
+    match probe() {
+        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Err(e) => {
+            println!("GPU tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
+            None
+        }
+    }
+}
+
+/// Uniform in [-1, 1).
+pub fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    random_scaled(rng, n, 1.0)
+}
+
+/// Uniform in [-scale, scale).
+pub fn random_scaled(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+/// bf16 bits of each value, rounded to nearest even.
+pub fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect()
+}
+
+/// bf16 bits widened to f32 (exact).
+pub fn widen(bits: &[u16]) -> Vec<f32> {
+    bits.iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+/// (‖a − b‖ / ‖b‖, max |a − b| / max |b|); a non-finite output fails.
+pub fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den, mut max_diff, mut max_ref) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_diff = max_diff.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    (
+        (num / den.max(1e-300)).sqrt(),
+        max_diff / max_ref.max(1e-300),
+    )
+}
+
+/// Prints one check's line (with the share of bit-equal values) and asserts the f32 bound.
+pub fn check(kernel: &str, shape: &str, got: &[f32], want: &[f32]) -> String {
+    let (rel, max) = errors(got, want);
+    let exact = got
+        .iter()
+        .zip(want)
+        .filter(|(g, w)| g.to_bits() == w.to_bits())
+        .count();
+    let line = format!(
+        "{kernel:<30} {shape:<40} rel {rel:.2e}  max {max:.2e}  bit-equal {:.1}%",
+        100.0 * exact as f64 / want.len().max(1) as f64
+    );
+    println!("{line}");
+    assert!(
+        rel <= F32_BOUND && max <= F32_BOUND * 10.0,
+        "{kernel} at {shape}: rel {rel:e}, max {max:e}"
+    );
+    line
+}
+
+/// The lines of a run's checks.
+pub struct Report(pub Vec<String>);
+
+impl Report {
+    pub fn check(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+        self.0.push(check(kernel, shape, got, want));
+    }
+
+    /// Bit-for-bit equality (the same computation, split differently).
+    pub fn same(&mut self, kernel: &str, shape: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{kernel} at {shape}");
+        let differing = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let line = format!("{kernel:<30} {shape:<40} split == whole: {differing} values differ");
+        println!("{line}");
+        self.0.push(line);
+        assert_eq!(differing, 0, "{kernel} at {shape}: split != whole");
+    }
+}
