@@ -117,3 +117,39 @@ fn graph_replay_equals_eager() {
         assert!(a == b, "{name}: graph replay differs from eager launches");
     }
 }
+
+/// Synchronising after every node (the debugging mode that names a faulting kernel) computes
+/// the same logits as graph replay.
+#[test]
+fn sync_each_node_gives_the_same_logits() {
+    if probe().is_err() {
+        return;
+    }
+    let dir = common::repo().join("tests/fixtures/tiny-long-f32");
+    let exp = common::expected(&dir);
+    let normal = Model::load(&dir, cuda()).unwrap();
+    let debug = Model::load(
+        &dir,
+        ModelOptions {
+            cuda_sync_each_node: true,
+            ..cuda()
+        },
+    )
+    .unwrap();
+    let run = |m: &Model| {
+        let mut s = m.session();
+        let mut out = s.prefill(&exp.prompt, LogitsMode::All).unwrap().data;
+        for &t in &exp.greedy[..4] {
+            out.extend(s.decode(t).unwrap());
+        }
+        (out, s.graph_replays())
+    };
+    let (a, _) = run(&normal);
+    let (b, replays) = run(&debug);
+    assert_eq!(replays, 0, "the debugging mode runs eagerly");
+    assert!(a == b, "synchronising after each node changed the logits");
+    println!(
+        "sync-each-node: {} logits identical to the graph run",
+        a.len()
+    );
+}

@@ -114,6 +114,9 @@ struct Placement {
     /// On the GPU, launch every step's kernels eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
+    /// On the GPU, synchronise after every node (eager, slow) so that a kernel fault names its kernel.
+    #[arg(long)]
+    sync_each_node: bool,
 }
 
 #[derive(Args)]
@@ -236,6 +239,7 @@ fn load_model(
         device: placement.device,
         context_capacity: placement.context,
         no_cuda_graphs: placement.no_graphs,
+        cuda_sync_each_node: placement.sync_each_node,
     };
     let model = Model::load(dir, options)?;
     if let Some(notice) = &model.fallback_notice {

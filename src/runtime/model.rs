@@ -28,6 +28,8 @@ pub struct ModelOptions {
     pub device: DeviceChoice,
     /// Launch every CUDA step eagerly instead of capturing and replaying CUDA graphs.
     pub no_cuda_graphs: bool,
+    /// Synchronise after every node on the GPU (eager), so a kernel fault names its kernel.
+    pub cuda_sync_each_node: bool,
     /// Longest context a CUDA session holds (its KV caches are preallocated); default
     /// min(max_position_embeddings, 8192).
     pub context_capacity: Option<usize>,
@@ -228,6 +230,10 @@ impl Model {
             .expect("program cache lock")
             .insert(key, program.clone());
         Ok(program)
+    }
+
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
     }
 
     pub fn session(&self) -> Session<'_> {

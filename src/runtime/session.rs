@@ -50,7 +50,11 @@ impl<'m> Session<'m> {
     pub fn new(model: &'m Model) -> Self {
         let device_state = match &model.backend {
             Backend::Cpu => None,
-            Backend::Cuda { capacity, .. } => Some(DeviceState::new(*capacity)),
+            Backend::Cuda { capacity, .. } => {
+                let mut d = DeviceState::new(*capacity);
+                d.sync_each_node = model.options().cuda_sync_each_node;
+                Some(d)
+            }
         };
         Session {
             model,

@@ -221,6 +221,9 @@ pub struct DeviceState {
     /// When set, eager steps synchronise after every node and add its time here, by op kind
     /// (a profile: the synchronisation itself slows the step).
     pub profile: Option<std::collections::BTreeMap<String, (usize, f64)>>,
+    /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
+    /// node and kernel that caused it (slow; for debugging).
+    pub sync_each_node: bool,
 }
 
 impl DeviceState {
@@ -233,6 +236,7 @@ impl DeviceState {
             graphs: HashMap::new(),
             replays: 0,
             profile: None,
+            sync_each_node: false,
         }
     }
 
@@ -344,6 +348,7 @@ pub fn run(
             .memcpy_htod(tokens, &mut io.tokens)
             .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
     }
+    let graphs = graphs && !state.sync_each_node && state.profile.is_none();
     if graphs && state.graphs.contains_key(&key) {
         state.graphs[&key]
             .launch()
@@ -818,6 +823,14 @@ fn record_nodes(
         };
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
+        }
+        if state.sync_each_node {
+            gpu.sync(&format!(
+                "node `{}` ({} kernels, variant {})",
+                node.name,
+                node.op.kind(),
+                node.variant
+            ))?;
         }
         if let (Some(t), Some(profile)) = (started, state.profile.as_mut()) {
             gpu.sync(&node.name)?;
