@@ -331,10 +331,12 @@ fn exec_node(
             *rows_buf(&mut states[0]).0 = raw;
             Ok(vec![Val::Sel(sel)])
         }
+        // The CPU selection carries its block size itself.
         Op::Attention {
             heads,
             kv_heads,
             head_dim,
+            ..
         } => {
             let (q, _) = inputs[0].f32();
             let sel = match inputs[3] {

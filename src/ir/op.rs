@@ -115,11 +115,13 @@ pub enum Op<D> {
         budget: D,
         block: D,
     },
-    /// GQA attention over the KV cache (appends `k, v` first) restricted to the selection.
+    /// GQA attention over the KV cache (appends `k, v` first) restricted to the selection,
+    /// whose block ids count blocks of `block` positions.
     Attention {
         heads: D,
         kv_heads: D,
         head_dim: D,
+        block: D,
     },
     /// Router: softmax over logits `[T, E]`, top-k (ties: lower expert id first), renormalised when
     /// the constants say `norm_topk_prob` → ids (i64), weights.
@@ -291,10 +293,12 @@ impl<D> Op<D> {
                 heads,
                 kv_heads,
                 head_dim,
+                block,
             } => Op::Attention {
                 heads: f(heads)?,
                 kv_heads: f(kv_heads)?,
                 head_dim: f(head_dim)?,
+                block: f(block)?,
             },
             Op::MoeRouter { top_k } => Op::MoeRouter { top_k: f(top_k)? },
             Op::MoeExperts {

@@ -221,8 +221,10 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             heads,
             kv_heads,
             head_dim,
+            block,
         } => {
             expect_inputs(inputs, 4)?;
+            check(*block > 0, || "block must be positive".into())?;
             check(inputs[0].1 == heads * head_dim, || "q width".into())?;
             check(
                 inputs[1].1 == kv_heads * head_dim && inputs[2].1 == kv_heads * head_dim,

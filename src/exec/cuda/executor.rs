@@ -675,6 +675,7 @@ fn record_nodes(
                 heads,
                 kv_heads,
                 head_dim,
+                block,
             } => {
                 let (q, rows) = arg(0).f32();
                 let sel = match arg(3) {
@@ -682,20 +683,6 @@ fn record_nodes(
                     _ => unreachable!("validated programs feed a selection"),
                 };
                 let keep = sel.len() / rows - 2;
-                // The block size is the selection's producer's (the indexer of this layer).
-                let block = program
-                    .nodes
-                    .iter()
-                    .find_map(|n| match &n.op {
-                        Op::IndexerSelect { block, .. } if n.outputs[0] == node.inputs[3] => {
-                            Some(*block)
-                        }
-                        _ => None,
-                    })
-                    .ok_or_else(|| CudaError::Shape {
-                        kernel: "attention_reference_f32".into(),
-                        msg: "the selection has no indexer producing it".into(),
-                    })?;
                 let mut kc = state.take_f32(&node.states[0]);
                 let mut vc = state.take_f32(&node.states[1]);
                 let y = attention::attention(
@@ -713,7 +700,7 @@ fn record_nodes(
                     *head_dim,
                     cap,
                     keep,
-                    block,
+                    *block,
                 );
                 state.bufs.insert(node.states[0].clone(), DevState::F32(kc));
                 state.bufs.insert(node.states[1].clone(), DevState::F32(vc));
