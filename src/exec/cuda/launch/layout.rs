@@ -6,6 +6,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::arg_matrix;
 use super::{grid_for, launched, shape, DeviceMatrix};
 use crate::exec::cuda::device::Gpu;
 use crate::exec::cuda::error::CudaError;
@@ -270,20 +271,14 @@ pub fn hc_mix(
     let f = gpu.function(FILE, act_kernel)?;
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut act).arg(hn);
-    match down {
-        DeviceMatrix::F32(d) => b.arg(d),
-        DeviceMatrix::Bf16(d) => b.arg(d),
-    };
+    arg_matrix(&mut b, down);
     b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
     // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
     launched(act_kernel, unsafe { b.launch(warps_grid(rows * rank)) })?;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(hn).arg(&act);
-    match up {
-        DeviceMatrix::F32(u) => b.arg(u),
-        DeviceMatrix::Bf16(u) => b.arg(u),
-    };
+    arg_matrix(&mut b, up);
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
     // SAFETY: up is width*rank, act rows*rank, y rows*hid; same stream, so act is complete.
     launched(kernel, unsafe { b.launch(warps_grid(rows * hid)) })?;
@@ -299,10 +294,8 @@ pub fn hc_inject(
     rows: usize,
     streams: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match w {
-        DeviceMatrix::F32(_) => "hc_inject_reference_f32",
-        DeviceMatrix::Bf16(_) => "hc_inject_reference_bf16",
-    };
+    let kernel_name = w.kernel("hc_inject_reference");
+    let kernel = kernel_name.as_str();
     let width = hn.len().checked_div(rows).unwrap_or(0);
     shape(
         kernel,
@@ -332,10 +325,7 @@ pub fn hc_inject(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(hn);
-    match w {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, w);
     b.arg(&r64).arg(&s64).arg(&w64);
     // SAFETY: hn is rows*width, w streams*width, y rows*streams, all checked above.
     launched(kernel, unsafe { b.launch(cfg) })?;
@@ -354,10 +344,8 @@ pub fn swiglu(
     k: usize,
     n: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match wg {
-        DeviceMatrix::F32(_) => "swiglu_linear_reference_f32",
-        DeviceMatrix::Bf16(_) => "swiglu_linear_reference_bf16",
-    };
+    let kernel_name = wg.kernel("swiglu_linear_reference");
+    let kernel = kernel_name.as_str();
     shape(
         kernel,
         matches!(

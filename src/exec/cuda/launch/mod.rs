@@ -189,6 +189,22 @@ impl DeviceMatrix {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The name of `base`'s kernel for this element type: `<base>_f32` or `<base>_bf16`.
+    pub fn kernel(&self, base: &str) -> String {
+        match self {
+            DeviceMatrix::F32(_) => format!("{base}_f32"),
+            DeviceMatrix::Bf16(_) => format!("{base}_bf16"),
+        }
+    }
+}
+
+/// Pushes a weight matrix as the next kernel argument, whatever its element type.
+pub(crate) fn arg_matrix<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, m: &'a DeviceMatrix) {
+    match m {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
 }
 
 /// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row.
@@ -200,10 +216,8 @@ pub fn linear_rows(
     k: usize,
     n: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match w {
-        DeviceMatrix::F32(_) => "linear_rows_f32",
-        DeviceMatrix::Bf16(_) => "linear_rows_bf16",
-    };
+    let kernel_name = w.kernel("linear_rows");
+    let kernel = kernel_name.as_str();
     shape(
         kernel,
         x.len() == tokens * k && w.len() == n * k && tokens > 0,
@@ -226,10 +240,7 @@ pub fn linear_rows(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(x);
-    match w {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, w);
     b.arg(&t32).arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
     // cudarc's allocations are 256-byte aligned.
@@ -246,10 +257,8 @@ pub fn linear_tiled(
     k: usize,
     n: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match w {
-        DeviceMatrix::F32(_) => "linear_tiled_f32",
-        DeviceMatrix::Bf16(_) => "linear_tiled_bf16",
-    };
+    let kernel_name = w.kernel("linear_tiled");
+    let kernel = kernel_name.as_str();
     shape(
         kernel,
         x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0,
@@ -276,10 +285,7 @@ pub fn linear_tiled(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(x);
-    match w {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, w);
     b.arg(&t64).arg(&k64).arg(&n64);
     // SAFETY: shapes checked above; every load and store is bounds-checked in the kernel.
     launched(kernel, unsafe { b.launch(cfg) })?;
@@ -293,10 +299,8 @@ pub fn embed(
     table: &DeviceMatrix,
     d: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = match table {
-        DeviceMatrix::F32(_) => "embed_reference_f32",
-        DeviceMatrix::Bf16(_) => "embed_reference_bf16",
-    };
+    let kernel_name = table.kernel("embed_reference");
+    let kernel = kernel_name.as_str();
     shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
         format!("table of {} values is not rows of {d}", table.len())
     })?;
@@ -311,10 +315,7 @@ pub fn embed(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(ids);
-    match table {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, table);
     b.arg(&c64).arg(&d64);
     // SAFETY: ids are in range (checked by callers: tokens by the session, n-gram ids by
     // construction); y holds count*d floats.
@@ -343,10 +344,7 @@ pub fn fill_uniform(
         ),
     };
     let mut b = gpu.stream.launch_builder(&f);
-    match out {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, out);
     b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
     // SAFETY: the kernel writes exactly n elements of `out`.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })

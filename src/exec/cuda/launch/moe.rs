@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::arg_matrix;
 use super::{launched, shape, DeviceMatrix};
 use crate::exec::cuda::device::Gpu;
 use crate::exec::cuda::error::CudaError;
@@ -89,16 +90,11 @@ pub fn moe_experts(
     hidden: usize,
     intermediate: usize,
 ) -> Result<CudaSlice<f32>, CudaError> {
-    let (gu_kernel, down_kernel) = (
-        match gate_up {
-            DeviceMatrix::F32(_) => "moe_experts_gate_up_f32",
-            DeviceMatrix::Bf16(_) => "moe_experts_gate_up_bf16",
-        },
-        match down {
-            DeviceMatrix::F32(_) => "moe_experts_down_f32",
-            DeviceMatrix::Bf16(_) => "moe_experts_down_bf16",
-        },
+    let (gu_name, down_name) = (
+        gate_up.kernel("moe_experts_gate_up"),
+        down.kernel("moe_experts_down"),
     );
+    let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
     let per_expert = 2 * intermediate * hidden;
     shape(
         gu_kernel,
@@ -164,10 +160,7 @@ pub fn moe_experts(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut act).arg(x).arg(ids);
-    match gate_up {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, gate_up);
     b.arg(&s64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
     // SAFETY: the shapes were checked above; ids outside [0, experts) are not dereferenced; act
     // holds slots*intermediate floats; 16-byte loads are used only when hidden allows, and
@@ -187,10 +180,7 @@ pub fn moe_experts(
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut y).arg(&act).arg(ids).arg(w);
-    match down {
-        DeviceMatrix::F32(s) => b.arg(s),
-        DeviceMatrix::Bf16(s) => b.arg(s),
-    };
+    arg_matrix(&mut b, down);
     b.arg(&t64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
     // SAFETY: as above; act was written by the previous launch on the same stream, and y holds
     // rows*hidden floats.
