@@ -260,20 +260,6 @@ impl DeviceState {
         }
         Ok(())
     }
-
-    fn take_f32(&mut self, name: &str) -> CudaSlice<f32> {
-        match self.bufs.remove(name) {
-            Some(DevState::F32(b)) => b,
-            _ => unreachable!("ensure() created `{name}` as declared"),
-        }
-    }
-
-    fn take_i64(&mut self, name: &str) -> CudaSlice<i64> {
-        match self.bufs.remove(name) {
-            Some(DevState::I64(b)) => b,
-            _ => unreachable!("ensure() created `{name}` as declared"),
-        }
-    }
 }
 
 enum DVal {
@@ -428,386 +414,27 @@ fn record_nodes(
             buf: tokens,
         },
     );
-    let eps = program.consts.rms_norm_eps;
-    let theta = program.consts.rope_theta;
     let cap = state.capacity;
     for node in &program.nodes {
         let started = state.profile.as_ref().map(|_| std::time::Instant::now());
+        // A node's states are taken out of the session for the launch and always put back, so a
+        // failed launch leaves the state in place.
+        let mut bufs: Vec<DevState> = node
+            .states
+            .iter()
+            .map(|s| {
+                state
+                    .bufs
+                    .remove(s)
+                    .expect("ensure() created every declared state")
+            })
+            .collect();
         let arg = |i: usize| &values[node.inputs[i].as_str()];
-        let w = |i: usize| node.weights[i].as_str();
-        let out: Vec<DVal> = match &node.op {
-            Op::Embed => {
-                let (ids, rows) = arg(0).i64();
-                let table = weights.matrix(w(0))?;
-                let d = program
-                    .weights
-                    .iter()
-                    .find(|x| x.name == node.weights[0])
-                    .map(|x| x.shape[1])
-                    .unwrap_or(1);
-                let y = launch::embed(gpu, ids, table, d)?;
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::RepeatStreams { streams } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::repeat_streams(gpu, x, rows, *streams)?,
-                }]
-            }
-            Op::RmsNorm { group, unit_offset } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::rms_norm(
-                        gpu,
-                        x,
-                        weights.vector(w(0))?,
-                        *group,
-                        *unit_offset,
-                        eps,
-                    )?,
-                }]
-            }
-            Op::Linear => {
-                let (x, rows) = arg(0).f32();
-                let m = weights.matrix(w(0))?;
-                let k = x.len() / rows;
-                let n = m.len() / k;
-                let y = match node.variant.as_str() {
-                    "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
-                    _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
-                };
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::DivBy { by } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::scalar(gpu, "div_by", x, *by as f32)?,
-                }]
-            }
-            Op::MulBy { by } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::scalar(gpu, "mul_by", x, *by as f32)?,
-                }]
-            }
-            Op::Silu | Op::Sigmoid => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::unary(gpu, node.op.kind(), x)?,
-                }]
-            }
-            Op::Mul => {
-                let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::mul(gpu, a, b, rows)?,
-                }]
-            }
-            Op::Add => {
-                let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
-                vec![DVal::F32 {
-                    rows,
-                    buf: launch::add(gpu, a, b)?,
-                }]
-            }
-            Op::Slice { start: s, len } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::slice_cols(gpu, x, rows, *s, *len)?,
-                }]
-            }
-            Op::StreamMean { streams } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::stream_mean(gpu, x, rows, *streams)?,
-                }]
-            }
-            Op::HcWrite { streams } => {
-                let (h, rows) = arg(0).f32();
-                let y = layout::hc_write(gpu, h, arg(1).f32().0, arg(2).f32().0, rows, *streams)?;
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::LastRow => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows: 1,
-                    buf: layout::last_row(gpu, x, rows)?,
-                }]
-            }
-            Op::CausalConv {
-                kernel,
-                dilation,
-                silu,
-            } => {
-                let (x, rows) = arg(0).f32();
-                let mut window = state.take_f32(&node.states[0]);
-                let y = gdn::causal_conv(
-                    gpu,
-                    x,
-                    &mut window,
-                    weights.vector(w(0))?,
-                    rows,
-                    *kernel,
-                    *dilation,
-                    *silu,
-                );
-                state
-                    .bufs
-                    .insert(node.states[0].clone(), DevState::F32(window));
-                vec![DVal::F32 { rows, buf: y? }]
-            }
-            Op::GdnGates => {
-                let (b, rows) = arg(0).f32();
-                let heads = b.len() / rows;
-                let (beta, g) = gdn::gdn_gates(
-                    gpu,
-                    b,
-                    arg(1).f32().0,
-                    weights.vector(w(0))?,
-                    weights.vector(w(1))?,
-                    rows,
-                    heads,
-                )?;
-                vec![DVal::F32 { rows, buf: beta }, DVal::F32 { rows, buf: g }]
-            }
-            Op::GdnRecurrence {
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-            } => {
-                let (qkv, rows) = arg(0).f32();
-                let shape = GdnShape {
-                    key_heads: *key_heads,
-                    value_heads: *value_heads,
-                    key_dim: *key_dim,
-                    value_dim: *value_dim,
-                };
-                let mut st = state.take_f32(&node.states[0]);
-                let y = gdn::gdn_recurrence(
-                    gpu,
-                    qkv,
-                    arg(1).f32().0,
-                    arg(2).f32().0,
-                    &mut st,
-                    rows,
-                    &shape,
-                );
-                state.bufs.insert(node.states[0].clone(), DevState::F32(st));
-                vec![DVal::F32 { rows, buf: y? }]
-            }
-            Op::GatedRmsNorm { head_dim } => {
-                let (x, rows) = arg(0).f32();
-                let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
-                let y = layout::gated_rms_norm(
-                    gpu,
-                    x,
-                    arg(1).f32().0,
-                    weights.vector(w(0))?,
-                    *head_dim,
-                    sigmoid,
-                    eps,
-                )?;
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::SplitQGate { heads, head_dim } => {
-                let (x, rows) = arg(0).f32();
-                let (q, g) = layout::split_q_gate(gpu, x, rows, *heads, *head_dim)?;
-                vec![DVal::F32 { rows, buf: q }, DVal::F32 { rows, buf: g }]
-            }
-            Op::Rope {
-                head_dim,
-                rotary_dim,
-            } => {
-                let (x, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: attention::rope(gpu, x, rows, step, *head_dim, *rotary_dim, theta)?,
-                }]
-            }
-            Op::IndexerSelect {
-                heads,
-                head_dim,
-                rotary_dim,
-                budget,
-                block,
-            } => {
-                let (q, rows) = arg(0).f32();
-                let shape = IndexerShape {
-                    heads: *heads,
-                    head_dim: *head_dim,
-                    rotary_dim: *rotary_dim,
-                    budget: *budget,
-                    block: *block,
-                };
-                let mut raw = state.take_f32(&node.states[0]);
-                let mut pooled = state.take_f32(&node.states[1]);
-                let sel = attention::indexer_select(
-                    gpu,
-                    q,
-                    arg(1).f32().0,
-                    weights.vector(w(0))?,
-                    &mut raw,
-                    &mut pooled,
-                    rows,
-                    step,
-                    &shape,
-                    cap,
-                    eps,
-                    theta,
-                );
-                state
-                    .bufs
-                    .insert(node.states[0].clone(), DevState::F32(raw));
-                state
-                    .bufs
-                    .insert(node.states[1].clone(), DevState::F32(pooled));
-                vec![DVal::Sel { buf: sel? }]
-            }
-            Op::Attention {
-                heads,
-                kv_heads,
-                head_dim,
-                block,
-            } => {
-                let (q, rows) = arg(0).f32();
-                let sel = match arg(3) {
-                    DVal::Sel { buf } => buf,
-                    _ => unreachable!("validated programs feed a selection"),
-                };
-                let keep = sel.len() / rows - 2;
-                let mut kc = state.take_f32(&node.states[0]);
-                let mut vc = state.take_f32(&node.states[1]);
-                let y = attention::attention(
-                    gpu,
-                    q,
-                    arg(1).f32().0,
-                    arg(2).f32().0,
-                    sel,
-                    &mut kc,
-                    &mut vc,
-                    rows,
-                    step,
-                    *heads,
-                    *kv_heads,
-                    *head_dim,
-                    cap,
-                    keep,
-                    *block,
-                );
-                state.bufs.insert(node.states[0].clone(), DevState::F32(kc));
-                state.bufs.insert(node.states[1].clone(), DevState::F32(vc));
-                vec![DVal::F32 { rows, buf: y? }]
-            }
-            Op::MoeRouter { top_k } => {
-                let (logits, rows) = arg(0).f32();
-                let experts = logits.len() / rows;
-                let (ids, ws) = moe::moe_router(
-                    gpu,
-                    logits,
-                    rows,
-                    experts,
-                    *top_k,
-                    program.consts.norm_topk_prob,
-                )?;
-                vec![DVal::I64 { rows, buf: ids }, DVal::F32 { rows, buf: ws }]
-            }
-            Op::MoeExperts { intermediate, .. } => {
-                let (x, rows) = arg(0).f32();
-                let (ids, _) = arg(1).i64();
-                let k = ids.len() / rows;
-                let hidden = x.len() / rows;
-                let y = moe::moe_experts(
-                    gpu,
-                    x,
-                    ids,
-                    arg(2).f32().0,
-                    weights.matrix(w(0))?,
-                    weights.matrix(w(1))?,
-                    rows,
-                    k,
-                    hidden,
-                    *intermediate,
-                )?;
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::PleNgramIds {
-                ngram,
-                heads_per_ngram,
-                table,
-            } => {
-                let (toks, rows) = arg(0).i64();
-                let eos = program.consts.ple_eos.unwrap_or(0);
-                let [m, s, o] = &weights.ple[*table];
-                let mut hist = state.take_i64(&node.states[0]);
-                let ids = moe::ple_ngram_ids(
-                    gpu,
-                    toks,
-                    &mut hist,
-                    rows,
-                    eos,
-                    *ngram,
-                    *heads_per_ngram,
-                    m,
-                    s,
-                    o,
-                );
-                state
-                    .bufs
-                    .insert(node.states[0].clone(), DevState::I64(hist));
-                vec![DVal::I64 { rows, buf: ids? }]
-            }
-            Op::PleGate { streams } => {
-                let (key, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::ple_gate(
-                        gpu,
-                        key,
-                        arg(1).f32().0,
-                        arg(2).f32().0,
-                        rows,
-                        *streams,
-                    )?,
-                }]
-            }
-            Op::SwigluLinear => {
-                let (x, rows) = arg(0).f32();
-                let (wg, wu) = (weights.matrix(w(0))?, weights.matrix(w(1))?);
-                let k = x.len() / rows;
-                let n = wg.len() / k;
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::swiglu(gpu, x, wg, wu, rows, k, n)?,
-                }]
-            }
-            Op::HcMix { streams } => {
-                let (hn, rows) = arg(0).f32();
-                let y = layout::hc_mix(
-                    gpu,
-                    hn,
-                    weights.matrix(w(0))?,
-                    weights.matrix(w(1))?,
-                    rows,
-                    *streams,
-                )?;
-                vec![DVal::F32 { rows, buf: y }]
-            }
-            Op::HcInject { streams } => {
-                let (hn, rows) = arg(0).f32();
-                vec![DVal::F32 {
-                    rows,
-                    buf: layout::hc_inject(gpu, hn, weights.matrix(w(0))?, rows, *streams)?,
-                }]
-            }
-        };
+        let result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
+        for (name, buf) in node.states.iter().zip(bufs) {
+            state.bufs.insert(name.clone(), buf);
+        }
+        let out = result?;
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
         }
@@ -839,4 +466,375 @@ fn record_nodes(
         .memcpy_dtod(&logits, &mut io.logits)
         .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
     Ok(())
+}
+
+/// Launches the kernels of one node; `bufs` are the node's states, in its declared order.
+#[allow(clippy::too_many_arguments)]
+fn launch_node<'v>(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    node: &crate::ir::Node,
+    arg: &dyn Fn(usize) -> &'v DVal,
+    bufs: &mut [DevState],
+    step: &CudaSlice<i64>,
+    cap: usize,
+) -> Result<Vec<DVal>, CudaError> {
+    let eps = program.consts.rms_norm_eps;
+    let theta = program.consts.rope_theta;
+    let w = |i: usize| node.weights[i].as_str();
+    Ok(match &node.op {
+        Op::Embed => {
+            let (ids, rows) = arg(0).i64();
+            let table = weights.matrix(w(0))?;
+            let d = program
+                .weights
+                .iter()
+                .find(|x| x.name == node.weights[0])
+                .map(|x| x.shape[1])
+                .unwrap_or(1);
+            let y = launch::embed(gpu, ids, table, d)?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::RepeatStreams { streams } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: layout::repeat_streams(gpu, x, rows, *streams)?,
+            }]
+        }
+        Op::RmsNorm { group, unit_offset } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: launch::rms_norm(gpu, x, weights.vector(w(0))?, *group, *unit_offset, eps)?,
+            }]
+        }
+        Op::Linear => {
+            let (x, rows) = arg(0).f32();
+            let m = weights.matrix(w(0))?;
+            let k = x.len() / rows;
+            let n = m.len() / k;
+            let y = match node.variant.as_str() {
+                "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
+                _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
+            };
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::DivBy { by } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: launch::scalar(gpu, "div_by", x, *by as f32)?,
+            }]
+        }
+        Op::MulBy { by } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: launch::scalar(gpu, "mul_by", x, *by as f32)?,
+            }]
+        }
+        Op::Silu | Op::Sigmoid => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: launch::unary(gpu, node.op.kind(), x)?,
+            }]
+        }
+        Op::Mul => {
+            let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
+            vec![DVal::F32 {
+                rows,
+                buf: launch::mul(gpu, a, b, rows)?,
+            }]
+        }
+        Op::Add => {
+            let ((a, rows), (b, _)) = (arg(0).f32(), arg(1).f32());
+            vec![DVal::F32 {
+                rows,
+                buf: launch::add(gpu, a, b)?,
+            }]
+        }
+        Op::Slice { start: s, len } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: layout::slice_cols(gpu, x, rows, *s, *len)?,
+            }]
+        }
+        Op::StreamMean { streams } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: layout::stream_mean(gpu, x, rows, *streams)?,
+            }]
+        }
+        Op::HcWrite { streams } => {
+            let (h, rows) = arg(0).f32();
+            let y = layout::hc_write(gpu, h, arg(1).f32().0, arg(2).f32().0, rows, *streams)?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::LastRow => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows: 1,
+                buf: layout::last_row(gpu, x, rows)?,
+            }]
+        }
+        Op::CausalConv {
+            kernel,
+            dilation,
+            silu,
+        } => {
+            let (x, rows) = arg(0).f32();
+            let window = f32_state(&mut bufs[0]);
+            let y = gdn::causal_conv(
+                gpu,
+                x,
+                window,
+                weights.vector(w(0))?,
+                rows,
+                *kernel,
+                *dilation,
+                *silu,
+            );
+            vec![DVal::F32 { rows, buf: y? }]
+        }
+        Op::GdnGates => {
+            let (b, rows) = arg(0).f32();
+            let heads = b.len() / rows;
+            let (beta, g) = gdn::gdn_gates(
+                gpu,
+                b,
+                arg(1).f32().0,
+                weights.vector(w(0))?,
+                weights.vector(w(1))?,
+                rows,
+                heads,
+            )?;
+            vec![DVal::F32 { rows, buf: beta }, DVal::F32 { rows, buf: g }]
+        }
+        Op::GdnRecurrence {
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        } => {
+            let (qkv, rows) = arg(0).f32();
+            let shape = GdnShape {
+                key_heads: *key_heads,
+                value_heads: *value_heads,
+                key_dim: *key_dim,
+                value_dim: *value_dim,
+            };
+            let st = f32_state(&mut bufs[0]);
+            let y = gdn::gdn_recurrence(gpu, qkv, arg(1).f32().0, arg(2).f32().0, st, rows, &shape);
+            vec![DVal::F32 { rows, buf: y? }]
+        }
+        Op::GatedRmsNorm { head_dim } => {
+            let (x, rows) = arg(0).f32();
+            let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
+            let y = layout::gated_rms_norm(
+                gpu,
+                x,
+                arg(1).f32().0,
+                weights.vector(w(0))?,
+                *head_dim,
+                sigmoid,
+                eps,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::SplitQGate { heads, head_dim } => {
+            let (x, rows) = arg(0).f32();
+            let (q, g) = layout::split_q_gate(gpu, x, rows, *heads, *head_dim)?;
+            vec![DVal::F32 { rows, buf: q }, DVal::F32 { rows, buf: g }]
+        }
+        Op::Rope {
+            head_dim,
+            rotary_dim,
+        } => {
+            let (x, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: attention::rope(gpu, x, rows, step, *head_dim, *rotary_dim, theta)?,
+            }]
+        }
+        Op::IndexerSelect {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            let (q, rows) = arg(0).f32();
+            let shape = IndexerShape {
+                heads: *heads,
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+                budget: *budget,
+                block: *block,
+            };
+            let [raw, pooled] = &mut bufs[..] else {
+                unreachable!("the template declares two states")
+            };
+            let (raw, pooled) = (f32_state(raw), f32_state(pooled));
+            let sel = attention::indexer_select(
+                gpu,
+                q,
+                arg(1).f32().0,
+                weights.vector(w(0))?,
+                raw,
+                pooled,
+                rows,
+                step,
+                &shape,
+                cap,
+                eps,
+                theta,
+            );
+            vec![DVal::Sel { buf: sel? }]
+        }
+        Op::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            block,
+        } => {
+            let (q, rows) = arg(0).f32();
+            let sel = match arg(3) {
+                DVal::Sel { buf } => buf,
+                _ => unreachable!("validated programs feed a selection"),
+            };
+            let keep = sel.len() / rows - 2;
+            let [kc, vc] = &mut bufs[..] else {
+                unreachable!("the template declares two states")
+            };
+            let (kc, vc) = (f32_state(kc), f32_state(vc));
+            let y = attention::attention(
+                gpu,
+                q,
+                arg(1).f32().0,
+                arg(2).f32().0,
+                sel,
+                kc,
+                vc,
+                rows,
+                step,
+                *heads,
+                *kv_heads,
+                *head_dim,
+                cap,
+                keep,
+                *block,
+            );
+            vec![DVal::F32 { rows, buf: y? }]
+        }
+        Op::MoeRouter { top_k } => {
+            let (logits, rows) = arg(0).f32();
+            let experts = logits.len() / rows;
+            let (ids, ws) = moe::moe_router(
+                gpu,
+                logits,
+                rows,
+                experts,
+                *top_k,
+                program.consts.norm_topk_prob,
+            )?;
+            vec![DVal::I64 { rows, buf: ids }, DVal::F32 { rows, buf: ws }]
+        }
+        Op::MoeExperts { intermediate, .. } => {
+            let (x, rows) = arg(0).f32();
+            let (ids, _) = arg(1).i64();
+            let k = ids.len() / rows;
+            let hidden = x.len() / rows;
+            let y = moe::moe_experts(
+                gpu,
+                x,
+                ids,
+                arg(2).f32().0,
+                weights.matrix(w(0))?,
+                weights.matrix(w(1))?,
+                rows,
+                k,
+                hidden,
+                *intermediate,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::PleNgramIds {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let (toks, rows) = arg(0).i64();
+            let eos = program.consts.ple_eos.unwrap_or(0);
+            let [m, s, o] = &weights.ple[*table];
+            let hist = i64_state(&mut bufs[0]);
+            let ids = moe::ple_ngram_ids(
+                gpu,
+                toks,
+                hist,
+                rows,
+                eos,
+                *ngram,
+                *heads_per_ngram,
+                m,
+                s,
+                o,
+            );
+            vec![DVal::I64 { rows, buf: ids? }]
+        }
+        Op::PleGate { streams } => {
+            let (key, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: layout::ple_gate(gpu, key, arg(1).f32().0, arg(2).f32().0, rows, *streams)?,
+            }]
+        }
+        Op::SwigluLinear => {
+            let (x, rows) = arg(0).f32();
+            let (wg, wu) = (weights.matrix(w(0))?, weights.matrix(w(1))?);
+            let k = x.len() / rows;
+            let n = wg.len() / k;
+            vec![DVal::F32 {
+                rows,
+                buf: layout::swiglu(gpu, x, wg, wu, rows, k, n)?,
+            }]
+        }
+        Op::HcMix { streams } => {
+            let (hn, rows) = arg(0).f32();
+            let y = layout::hc_mix(
+                gpu,
+                hn,
+                weights.matrix(w(0))?,
+                weights.matrix(w(1))?,
+                rows,
+                *streams,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::HcInject { streams } => {
+            let (hn, rows) = arg(0).f32();
+            vec![DVal::F32 {
+                rows,
+                buf: layout::hc_inject(gpu, hn, weights.matrix(w(0))?, rows, *streams)?,
+            }]
+        }
+    })
+}
+
+fn f32_state(buf: &mut DevState) -> &mut CudaSlice<f32> {
+    match buf {
+        DevState::F32(b) => b,
+        DevState::I64(_) => unreachable!("state kinds follow the templates"),
+    }
+}
+
+fn i64_state(buf: &mut DevState) -> &mut CudaSlice<i64> {
+    match buf {
+        DevState::I64(b) => b,
+        DevState::F32(_) => unreachable!("state kinds follow the templates"),
+    }
 }
