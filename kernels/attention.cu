@@ -385,3 +385,365 @@ extern "C" __global__ void attention_reference_f32(float* out, const float* q, c
         __syncthreads();  // qs and acc are rewritten by the next task
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Attention split over positions (flash-decoding), for a few rows (decode): the same function as
+// `attention_reference_f32`, computed in two kernels.
+//
+// 1. `attention_split_g<G>_f32` (exactly G heads per kv head, G = 4, 8, 12, 16; the real model
+//    has 12) and `attention_split_upto<G>_f32` (up to G): the group's accumulators are
+//    registers. One task per (row t, kv head g, split s). A task attends ALL query heads of kv
+//    head g (the GQA group, heads/kv_heads) over split s of the row's selected positions, so
+//    each K/V row is read from memory once per step, not once per query head. The row's n
+//    positions (counted from the device selection) are cut into `splits` contiguous ranges of
+//    ceil(n/splits); `splits` is fixed by the launch (rows, capacity, keep), never by the
+//    position, and a split whose range is empty still writes its (m = -inf, l = 0, acc = 0).
+//    Per head it writes the split's running max m, sum l = Σ exp(score - m) and the
+//    unnormalised accumulator Σ exp(score - m)·v to the scratch:
+//      part_acc [rows, heads, splits, head_dim], part_ml [rows, heads, splits] of (m, l).
+//    A split loops over chunks of SPLIT_CHUNK positions with an online softmax (any n works):
+//    - the positions of the chunk go to shared memory (and their V rows are prefetched to L2);
+//    - scores: warp w takes positions 4w..4w+3, 8 lanes per position, lane l8 holding the
+//      16-byte quads l8, l8+8, ... of the K row (each 8-lane group reads 128 contiguous bytes);
+//      each lane dots them with every head's q (shared memory, row pitch SPLIT_MAX_QUADS quads),
+//      and a butterfly over the 8 lanes sums 8 heads in 7 shuffles, one head per lane;
+//    - softmax: warp w updates heads w and w+8 (lane = position of the chunk);
+//    - values: thread (pg = tid/64, c4 = tid%64) accumulates quad c4 of the V rows of positions
+//      pg, pg+4, ... for every head of the group (16-byte loads, 512 contiguous bytes per warp);
+//      the four position groups are summed in shared memory at the end of the split.
+//    blockDim.x == SPLIT_THREADS; head_dim a multiple of 4, at most 4*SPLIT_MAX_QUADS; capacity
+//    at most i32::MAX. Dynamic shared memory: group*SPLIT_MAX_QUADS float4 (the group's q, then
+//    the end-of-split reduction).
+// 2. `attention_split_combine_f32`: one thread block per (row, head): M = max m_s,
+//    out = Σ_s exp(m_s - M)·acc_s / Σ_s exp(m_s - M)·l_s (0 where no position was attended).
+//    blockDim.x == SPLIT_THREADS. Dynamic shared memory: splits floats.
+
+#define SPLIT_THREADS 256
+#define SPLIT_CHUNK 32
+#define SPLIT_MAX_GROUP 16
+#define SPLIT_MAX_QUADS 64
+#define SPLIT_QPL (SPLIT_MAX_QUADS / 8)
+#define SPLIT_PITCH (SPLIT_MAX_GROUP + 4)
+static_assert(SPLIT_CHUNK == 32 && SPLIT_THREADS == 256, "8 warps x 4 positions make a chunk");
+
+__device__ __forceinline__ float4 ldg_f4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+__device__ __forceinline__ void fma4(float4& a, float w, const float4& v) {
+    a.x += w * v.x;
+    a.y += w * v.y;
+    a.z += w * v.z;
+    a.w += w * v.w;
+}
+
+__device__ __forceinline__ void scale4(float4& a, float w) {
+    a.x *= w;
+    a.y *= w;
+    a.z *= w;
+    a.w *= w;
+}
+
+// One butterfly step over lanes `lane ^ offset` on 2*half values: the lane with `offset` set keeps
+// (and receives the partner's part of) the upper half, the other the lower half.
+template <int HALF>
+__device__ __forceinline__ void split_reduce_step(float* v, int lane, int offset) {
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        const float keep_v = upper ? v[i + HALF] : v[i];
+        const float send_v = upper ? v[i] : v[i + HALF];
+        v[i] = keep_v + __shfl_xor_sync(0xffffffffu, send_v, offset);
+    }
+}
+
+// G: the most heads of a group this instantiation takes (the accumulators are registers); EXACT:
+// the group is exactly G (every head check folds away at compile time).
+template <int G, bool EXACT>
+__device__ __forceinline__ void attention_split(float* part_acc, float* part_ml, const float* q,
+                                                const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                                                const int* sel, long rows, int heads, int kv_heads, int head_dim,
+                                                int block, int keep, long capacity, int splits) {
+    static_assert(G % 4 == 0 && G <= SPLIT_MAX_GROUP, "heads are weighed four at a time, two per warp");
+    extern __shared__ float4 split_smem[];  // [group][SPLIT_MAX_QUADS]
+    __shared__ int position[SPLIT_CHUNK];
+    __shared__ __align__(16) float weight[SPLIT_CHUNK * SPLIT_PITCH];  // [position][head]
+    __shared__ float alpha_shared[SPLIT_MAX_GROUP];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int group = EXACT ? G : heads / kv_heads;
+    const int hd4 = head_dim >> 2;
+    const long kw = (long)kv_heads * head_dim;
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)head_dim));
+    const int sub = lane >> 3, l8 = lane & 7;  // scores: position 4*warp + sub, lane l8 of 8
+    const int pg = tid >> 6, c4 = tid & 63;    // values: position group, quad of channels
+    const long tasks = rows * kv_heads * (long)splits;
+    for (long task = blockIdx.x; task < tasks; task += gridDim.x) {
+        const int s = (int)(task % splits);
+        const long tg = task / splits;
+        const int kvh = (int)(tg % kv_heads);
+        const long t = tg / kv_heads;
+        const int* srow = sel + t * (2 + (long)keep);
+        // Positions are ints (the host checks capacity <= i32::MAX), which keeps registers free.
+        const int visible = srow[0];
+        const int count = min(srow[1], keep);
+        const int complete = visible / block;
+        const int in_blocks = count < 0 ? 0 : count * block;
+        const int n = max(0, count < 0 ? visible : in_blocks + (visible - complete * block));
+        const int per = n / splits + (n % splits != 0);
+        const int j0 = (int)min((long long)n, (long long)s * per), j1 = min(n, j0 + per);
+        const float* kbase = k_cache + (long)kvh * head_dim;
+        const float* vbase = v_cache + (long)kvh * head_dim;
+        const long head0 = t * heads + (long)kvh * group;  // the group's first query head
+
+        const float4* qg = reinterpret_cast<const float4*>(q + head0 * head_dim);
+#pragma unroll 4
+        for (int e = tid; e < group * hd4; e += blockDim.x) split_smem[(e / hd4) * SPLIT_MAX_QUADS + e % hd4] = qg[e];
+        float4 acc[G];
+#pragma unroll
+        for (int h = 0; h < G; h++) acc[h] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};  // heads warp, warp + 8
+
+        for (int c0 = j0; c0 < j1; c0 += SPLIT_CHUNK) {
+            const int len = min(SPLIT_CHUNK, j1 - c0);
+            __syncthreads();  // q is written; the previous chunk's positions and weights are consumed
+            if (tid < SPLIT_CHUNK) {
+                long long p = -1;
+                if (tid < len) {
+                    const int j = c0 + tid;
+                    if (count < 0) {
+                        p = j;
+                    } else if (j < in_blocks) {
+                        p = (long long)srow[2 + j / block] * block + j % block;
+                    } else {
+                        p = complete * block + (j - in_blocks);
+                    }
+                    if (p < 0 || p >= capacity) p = -1;
+                }
+                position[tid] = (int)p;
+            }
+            __syncthreads();
+            {
+                // The chunk's V rows, one 128-byte line per thread, on their way to L2 while the
+                // scores are computed.
+                const int jj = tid >> 3, line = tid & 7;
+                const int p = position[jj];
+                if (p >= 0 && line * 32 < head_dim) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + p * kw + line * 32));
+                }
+            }
+
+            // Scores of positions 4*warp + sub for every head of the group.
+            {
+                const int jj = warp * 4 + sub;
+                const int p = position[jj];
+                float4 kr[SPLIT_QPL];
+#pragma unroll
+                for (int i = 0; i < SPLIT_QPL; i++) {
+                    const int c = i * 8 + l8;
+                    kr[i] = (p >= 0 && c < hd4) ? ldg_f4(kbase + p * kw + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+                // Eight heads at a time: each lane's partial dots, then a butterfly over the 8
+                // lanes of the position that halves the heads at each step (offset 4: heads 4..7
+                // go to the lanes with bit 2 set; 2: the upper 2 of those to bit 1; 1: the upper
+                // one to bit 0), 7 shuffles for 8 sums: lane l8 ends with head 8*pass + l8.
+#pragma unroll
+                for (int pass = 0; pass < (G + 7) / 8; pass++) {
+                    if (8 * pass < group) {  // uniform over the block
+                        float dots[8];
+#pragma unroll
+                        for (int hh = 0; hh < 8; hh++) {
+                            const int h = 8 * pass + hh;
+                            float d = 0.0f;
+                            if (h < group) {
+#pragma unroll
+                                for (int i = 0; i < SPLIT_QPL; i++) {
+                                    const int c = i * 8 + l8;
+                                    if (c < hd4) {
+                                        const float4 qv = split_smem[h * SPLIT_MAX_QUADS + c];
+                                        d += qv.x * kr[i].x;
+                                        d += qv.y * kr[i].y;
+                                        d += qv.z * kr[i].z;
+                                        d += qv.w * kr[i].w;
+                                    }
+                                }
+                            }
+                            dots[hh] = d;
+                        }
+                        split_reduce_step<4>(dots, lane, 4);
+                        split_reduce_step<2>(dots, lane, 2);
+                        split_reduce_step<1>(dots, lane, 1);
+                        const int h = 8 * pass + l8;
+                        if (h < group) weight[jj * SPLIT_PITCH + h] = p >= 0 ? dots[0] * scale : NEG_INF;
+                    }
+                }
+            }
+            __syncthreads();
+
+            // Online softmax of heads warp and warp + 8 over the chunk (lane = position).
+#pragma unroll
+            for (int k2 = 0; k2 < 2; k2++) {
+                const int h = warp + 8 * k2;
+                if (h < group) {  // uniform over the warp
+                    const float sc = lane < len ? weight[lane * SPLIT_PITCH + h] : NEG_INF;
+                    float cm = sc;
+                    for (int offset = 16; offset > 0; offset >>= 1) {
+                        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, offset));
+                    }
+                    const float m_new = fmaxf(m_run[k2], cm);
+                    // Every chunk holds a valid position unless the cache is too short; then nothing moves.
+                    const float alpha = m_new == NEG_INF ? 1.0f : expf(m_run[k2] - m_new);
+                    const float e = sc == NEG_INF ? 0.0f : expf(sc - m_new);
+                    weight[lane * SPLIT_PITCH + h] = e;
+                    l_run[k2] = l_run[k2] * alpha + warp_sum(e);
+                    m_run[k2] = m_new;
+                    if (lane == 0) alpha_shared[h] = alpha;
+                }
+            }
+            __syncthreads();
+
+            // Values: quad c4 of positions pg, pg + 4, ... for every head.
+            if (c4 < hd4) {
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    if (h < group) scale4(acc[h], alpha_shared[h]);
+                }
+                float4 vr[SPLIT_CHUNK / 4];
+#pragma unroll
+                for (int i = 0; i < SPLIT_CHUNK / 4; i++) {
+                    const int p = position[pg + 4 * i];  // -1 past the chunk's end
+                    vr[i] = p >= 0 ? ldg_f4(vbase + p * kw + 4 * c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int i = 0; i < SPLIT_CHUNK / 4; i++) {
+                    const int jj = pg + 4 * i;
+                    if (jj < len) {
+                        const float4* wr = reinterpret_cast<const float4*>(weight + jj * SPLIT_PITCH);
+#pragma unroll
+                        for (int h4 = 0; h4 < G / 4; h4++) {
+                            if (4 * h4 < group) {
+                                const float4 w = wr[h4];
+                                fma4(acc[4 * h4 + 0], w.x, vr[i]);
+                                fma4(acc[4 * h4 + 1], w.y, vr[i]);
+                                fma4(acc[4 * h4 + 2], w.z, vr[i]);
+                                fma4(acc[4 * h4 + 3], w.w, vr[i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        // The four position groups' accumulators, summed through shared memory (q is done).
+        float4* red = split_smem;  // [group][hd4]
+        for (int r = 1; r < 4; r++) {
+            __syncthreads();
+            if (pg == r && c4 < hd4) {
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    if (h < group) {
+                        float4 a = acc[h];
+                        if (r > 1) {
+                            const float4 b = red[h * SPLIT_MAX_QUADS + c4];
+                            a.x += b.x;
+                            a.y += b.y;
+                            a.z += b.z;
+                            a.w += b.w;
+                        }
+                        red[h * SPLIT_MAX_QUADS + c4] = a;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (pg == 0 && c4 < hd4) {
+#pragma unroll
+            for (int h = 0; h < G; h++) {
+                if (h < group) {
+                    const float4 b = red[h * SPLIT_MAX_QUADS + c4];
+                    float4 a = acc[h];
+                    a.x += b.x;
+                    a.y += b.y;
+                    a.z += b.z;
+                    a.w += b.w;
+                    reinterpret_cast<float4*>(part_acc + ((head0 + h) * splits + s) * head_dim)[c4] = a;
+                }
+            }
+        }
+#pragma unroll
+        for (int k2 = 0; k2 < 2; k2++) {
+            const int h = warp + 8 * k2;
+            if (h < group && lane == 0) {
+                reinterpret_cast<float2*>(part_ml)[(head0 + h) * splits + s] = make_float2(m_run[k2], l_run[k2]);
+            }
+        }
+        __syncthreads();  // red is read; the next task rewrites q there
+    }
+}
+
+#define ATTENTION_SPLIT_KERNEL(NAME, G, EXACT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(SPLIT_THREADS, 2)                                              \
+        NAME(float* part_acc, float* part_ml, const float* q, const float* __restrict__ k_cache,                \
+             const float* __restrict__ v_cache, const int* sel, long rows, int heads, int kv_heads, int head_dim, \
+             int block, int keep, long capacity, int splits) {                                                  \
+        attention_split<G, EXACT>(part_acc, part_ml, q, k_cache, v_cache, sel, rows, heads, kv_heads, head_dim, \
+                                  block, keep, capacity, splits);                                               \
+    }
+
+// Exactly G heads per kv head (the real model: 12), and up to G.
+ATTENTION_SPLIT_KERNEL(attention_split_g4_f32, 4, true)
+ATTENTION_SPLIT_KERNEL(attention_split_g8_f32, 8, true)
+ATTENTION_SPLIT_KERNEL(attention_split_g12_f32, 12, true)
+ATTENTION_SPLIT_KERNEL(attention_split_g16_f32, 16, true)
+ATTENTION_SPLIT_KERNEL(attention_split_upto4_f32, 4, false)
+ATTENTION_SPLIT_KERNEL(attention_split_upto8_f32, 8, false)
+ATTENTION_SPLIT_KERNEL(attention_split_upto12_f32, 12, false)
+ATTENTION_SPLIT_KERNEL(attention_split_upto16_f32, 16, false)
+
+// Thread (sg = tid/64, c4 = tid%64) sums quad c4 over the splits sg, sg + 4, ... (independent
+// loads, several in flight); the four split groups are then summed in shared memory.
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    attention_split_combine_f32(float* out, const float* part_acc, const float* part_ml, long rows, int heads,
+                                int head_dim, int splits) {
+    extern __shared__ float split_weight[];  // [splits]
+    __shared__ float4 partial[3][SPLIT_MAX_QUADS];
+    const float2* ml_all = reinterpret_cast<const float2*>(part_ml);
+    const int hd4 = head_dim >> 2;
+    const int sg = threadIdx.x >> 6, c4 = threadIdx.x & 63;
+    for (long task = blockIdx.x; task < rows * heads; task += gridDim.x) {
+        const float2* ml = ml_all + task * splits;
+        float mx = NEG_INF;
+        for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
+        const float m = block_max_f32(mx);
+        float lsum = 0.0f;
+        for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+            const float2 v = ml[s];
+            const float w = v.x == NEG_INF ? 0.0f : expf(v.x - m);
+            split_weight[s] = w;
+            lsum += v.y * w;
+        }
+        const float l = block_sum(lsum);  // its barriers publish split_weight
+        const float4* a = reinterpret_cast<const float4*>(part_acc + task * splits * (long)head_dim);
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c4 < hd4) {
+#pragma unroll 8
+            for (int s = sg; s < splits; s += 4) fma4(o, split_weight[s], a[(long)s * hd4 + c4]);
+            if (sg > 0) partial[sg - 1][c4] = o;
+        }
+        __syncthreads();
+        if (sg == 0 && c4 < hd4) {
+#pragma unroll
+            for (int g = 0; g < 3; g++) {
+                const float4 b = partial[g][c4];
+                o.x += b.x;
+                o.y += b.y;
+                o.z += b.z;
+                o.w += b.w;
+            }
+            float4 r;
+            r.x = l > 0.0f ? o.x / l : 0.0f;
+            r.y = l > 0.0f ? o.y / l : 0.0f;
+            r.z = l > 0.0f ? o.z / l : 0.0f;
+            r.w = l > 0.0f ? o.w / l : 0.0f;
+            reinterpret_cast<float4*>(out + task * head_dim)[c4] = r;
+        }
+        __syncthreads();  // split_weight and partial are rewritten by the next task
+    }
+}

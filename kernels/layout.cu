@@ -3,77 +3,9 @@
 // `gate`, src/ops/attention.rs `split_q_gate`). Activations are row-major f32 [rows, width];
 // weights f32 or bf16 bits. Every index is a `long`; every kernel strides over its grid.
 #include "common.cuh"
+#include "vec.cuh"
 
 #define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
-
-// Weight loads: N consecutive weights as f32, chunk i (weights i*N .. i*N+N-1), one 16-byte load.
-template <typename W>
-struct WeightVec;
-
-template <>
-struct WeightVec<float> {
-    static constexpr int N = 4;
-    static __device__ __forceinline__ float one(const float* w, long i) { return w[i]; }
-    static __device__ __forceinline__ void chunk(const float* w, long i, float* out) {
-        const float4 v = reinterpret_cast<const float4*>(w)[i];
-        out[0] = v.x;
-        out[1] = v.y;
-        out[2] = v.z;
-        out[3] = v.w;
-    }
-};
-
-template <>
-struct WeightVec<bf16_t> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ float one(const bf16_t* w, long i) { return bf16_to_f32(w[i]); }
-    static __device__ __forceinline__ void chunk(const bf16_t* w, long i, float* out) {
-        const uint4 p = reinterpret_cast<const uint4*>(w)[i];
-        const unsigned int words[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            out[2 * j] = __uint_as_float(words[j] << 16);
-            out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-        }
-    }
-};
-
-// N consecutive f32 activations, chunk i, as N/4 16-byte loads.
-template <int N>
-__device__ __forceinline__ void act_chunk(const float* a, long i, float* out) {
-    const float4* a4 = reinterpret_cast<const float4*>(a + i * N);
-#pragma unroll
-    for (int j = 0; j < N / 4; j++) {
-        const float4 v = a4[j];
-        out[4 * j] = v.x;
-        out[4 * j + 1] = v.y;
-        out[4 * j + 2] = v.z;
-        out[4 * j + 3] = v.w;
-    }
-}
-
-// One lane's share of the dot product a·w over n values (to be reduced with warp_sum).
-template <typename W>
-__device__ __forceinline__ float lane_dot(const float* a, const W* w, long n, int lane) {
-    constexpr int N = WeightVec<W>::N;
-    float acc = 0.0f;
-    if (n % N == 0 && aligned16(a) && aligned16(w)) {
-        for (long i = lane; i < n / N; i += 32) {
-            float wv[N], av[N];
-            WeightVec<W>::chunk(w, i, wv);
-            act_chunk<N>(a, i, av);
-#pragma unroll
-            for (int j = 0; j < N; j++) acc += av[j] * wv[j];
-        }
-    } else {
-        for (long i = lane; i < n; i += 32) acc += a[i] * WeightVec<W>::one(w, i);
-    }
-    return acc;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Pure layout.
@@ -135,12 +67,14 @@ extern "C" __global__ void split_q_gate_reference_f32(float* q, float* gate, con
 // hc_mix: for each row of hn [rows, streams*hid], with down [rank, streams*hid] and
 // up [streams*hid, rank], in two grid-wide kernels so that a single token (decode) still spreads
 // the ~13 MB of bf16 weights over every multiprocessor:
-//   hc_mix_act:  act[t, r] = silu(hn[t]·down[r] / streams)                 (a warp per (t, r))
+//   hc_mix_act:  act[t, r] = silu(hn[t]·down[r] / streams)
+//                (`_warp`: a warp per (t, r), for many rows; `_block`: a block per (t, r), for a few
+//                rows, so that the rank x width matrix has enough loads in flight)
 //   hc_mix_gate: y[t, c] = sum_s sigmoid(act[t]·up[s*hid + c]) * hn[t, s*hid + c] / streams
-//                                                                          (a warp per (t, c))
+//                (a warp per (t, c); its lanes split over the streams when 32 % streams == 0)
 template <typename W>
-__device__ __forceinline__ void hc_mix_act(float* act, const float* hn, const W* down, long rows, long streams,
-                                           long width, long rank) {
+__device__ __forceinline__ void hc_mix_act_warp(float* act, const float* hn, const W* down, long rows, long streams,
+                                                long width, long rank) {
     const int lane = threadIdx.x & 31;
     const long warps = blockDim.x >> 5;
     for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < rows * rank; o += (long)gridDim.x * warps) {
@@ -151,47 +85,74 @@ __device__ __forceinline__ void hc_mix_act(float* act, const float* hn, const W*
 }
 
 template <typename W>
+__device__ __forceinline__ void hc_mix_act_block(float* act, const float* hn, const W* down, long rows, long streams,
+                                                 long width, long rank) {
+    for (long o = blockIdx.x; o < rows * rank; o += gridDim.x) {
+        const long t = o / rank, r = o % rank;
+        const float d = block_dot(hn + t * width, down + r * width, width);
+        if (threadIdx.x == 0) act[o] = silu_f32(d / (float)streams);
+    }
+}
+
+template <typename W>
 __device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const float* act, const W* up, long rows,
                                             long streams, long hid, long rank) {
     const int lane = threadIdx.x & 31;
     const long warps = blockDim.x >> 5;
     const long width = streams * hid;
+    const bool split = streams <= 32 && 32 % streams == 0;
     for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < rows * hid; o += (long)gridDim.x * warps) {
         const long t = o / hid, c = o % hid;
         float sum = 0.0f;
-        for (long s = 0; s < streams; s++) {
-            const long ch = s * hid + c;
-            const float gate = sigmoid_f32(warp_sum(lane_dot(act + t * rank, up + ch * rank, rank, lane)));
-            sum += gate * hn[t * width + ch];
+        if (split) {
+            // 32 / streams lanes per stream (a power of two): reduce within each lane group, then
+            // add the groups' terms.
+            const int per = 32 / (int)streams;
+            const long s = lane / per, ch = s * hid + c;
+            float d = strided_dot(act + t * rank, up + ch * rank, rank, lane % per, per);
+            for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+            float term = sigmoid_f32(d) * hn[t * width + ch];
+            for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
+            sum = term;
+        } else {
+            for (long s = 0; s < streams; s++) {
+                const long ch = s * hid + c;
+                const float gate = sigmoid_f32(warp_sum(lane_dot(act + t * rank, up + ch * rank, rank, lane)));
+                sum += gate * hn[t * width + ch];
+            }
         }
         if (lane == 0) y[o] = sum / (float)streams;
     }
 }
 
-extern "C" __global__ void hc_mix_act_f32(float* act, const float* hn, const float* down, long rows, long streams,
-                                          long width, long rank) {
-    hc_mix_act<float>(act, hn, down, rows, streams, width, rank);
-}
-
-extern "C" __global__ void hc_mix_act_bf16(float* act, const float* hn, const bf16_t* down, long rows, long streams,
-                                           long width, long rank) {
-    hc_mix_act<bf16_t>(act, hn, down, rows, streams, width, rank);
-}
-
-extern "C" __global__ void hc_mix_gate_f32(float* y, const float* hn, const float* act, const float* up, long rows,
-                                           long streams, long hid, long rank) {
-    hc_mix_gate<float>(y, hn, act, up, rows, streams, hid, rank);
-}
-
-extern "C" __global__ void hc_mix_gate_bf16(float* y, const float* hn, const float* act, const bf16_t* up, long rows,
-                                            long streams, long hid, long rank) {
-    hc_mix_gate<bf16_t>(y, hn, act, up, rows, streams, hid, rank);
-}
+#define HC_KERNELS(W, SUFFIX)                                                                                        \
+    extern "C" __global__ void hc_mix_act_warp_##SUFFIX(float* act, const float* hn, const W* down, long rows,       \
+                                                        long streams, long width, long rank) {                       \
+        hc_mix_act_warp<W>(act, hn, down, rows, streams, width, rank);                                               \
+    }                                                                                                                \
+    extern "C" __global__ void hc_mix_act_block_##SUFFIX(float* act, const float* hn, const W* down, long rows,      \
+                                                         long streams, long width, long rank) {                      \
+        hc_mix_act_block<W>(act, hn, down, rows, streams, width, rank);                                              \
+    }                                                                                                                \
+    extern "C" __global__ void hc_mix_gate_##SUFFIX(float* y, const float* hn, const float* act, const W* up,        \
+                                                    long rows, long streams, long hid, long rank) {                  \
+        hc_mix_gate<W>(y, hn, act, up, rows, streams, hid, rank);                                                    \
+    }                                                                                                                \
+    extern "C" __global__ void hc_inject_warp_##SUFFIX(float* out, const float* hn, const W* w, long rows,           \
+                                                       long streams, long width) {                                   \
+        hc_inject_warp<W>(out, hn, w, rows, streams, width);                                                         \
+    }                                                                                                                \
+    extern "C" __global__ void hc_inject_block_##SUFFIX(float* out, const float* hn, const W* w, long rows,          \
+                                                        long streams, long width) {                                  \
+        hc_inject_block<W>(out, hn, w, rows, streams, width);                                                        \
+    }
 
 // hc_inject: out [rows, streams], out[t, s] = 2 * sigmoid(hn[t]·w[s] / streams), w [streams, width].
-// One warp per output.
+// `_warp`: a warp per output (many rows); `_block`: a block per output (a few rows: decode has
+// only `streams` outputs, each a dot product over the whole width).
 template <typename W>
-__device__ __forceinline__ void hc_inject(float* out, const float* hn, const W* w, long rows, long streams, long width) {
+__device__ __forceinline__ void hc_inject_warp(float* out, const float* hn, const W* w, long rows, long streams,
+                                               long width) {
     const int lane = threadIdx.x & 31;
     const long warps = blockDim.x >> 5;
     const long outputs = rows * streams;
@@ -202,15 +163,18 @@ __device__ __forceinline__ void hc_inject(float* out, const float* hn, const W* 
     }
 }
 
-extern "C" __global__ void hc_inject_reference_f32(float* out, const float* hn, const float* w, long rows, long streams,
-                                                   long width) {
-    hc_inject<float>(out, hn, w, rows, streams, width);
+template <typename W>
+__device__ __forceinline__ void hc_inject_block(float* out, const float* hn, const W* w, long rows, long streams,
+                                                long width) {
+    for (long o = blockIdx.x; o < rows * streams; o += gridDim.x) {
+        const long t = o / streams, s = o % streams;
+        const float d = block_dot(hn + t * width, w + s * width, width);
+        if (threadIdx.x == 0) out[o] = 2.0f * sigmoid_f32(d / (float)streams);
+    }
 }
 
-extern "C" __global__ void hc_inject_reference_bf16(float* out, const float* hn, const bf16_t* w, long rows,
-                                                    long streams, long width) {
-    hc_inject<bf16_t>(out, hn, w, rows, streams, width);
-}
+HC_KERNELS(float, f32)
+HC_KERNELS(bf16_t, bf16)
 
 // ---------------------------------------------------------------------------------------------
 // swiglu_linear: y [tokens, n] = silu(x·Wgᵀ) * (x·Wuᵀ), x [tokens, k], Wg, Wu [n, k].

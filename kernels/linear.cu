@@ -1,37 +1,66 @@
 // y = x · Wᵀ, W [n, k] row-major (src/ops/linear.rs is the reference).
 // `linear_rows_*`: one warp per output row, every token of the step in the same warp, so each
-// weight row is read from memory once per step. 16-byte weight loads when k allows.
+// weight row is read from memory once per step. 16-byte weight loads when k allows, with
+// LOADS_IN_FLIGHT of them issued before their products (a matrix-vector product is bound by the
+// bytes in flight).
 #include "common.cuh"
+#include "vec.cuh"
 
 #define MAX_TOKENS 8
 
-extern "C" __global__ void linear_rows_f32(float* y, const float* x, const float* w, int tokens, long k, long n) {
+template <typename W>
+__device__ __forceinline__ void linear_rows(float* y, const float* x, const W* w, int tokens, long k, long n) {
+    constexpr int N = WeightVec<W>::N;
     const long warps_per_block = blockDim.x >> 5;
     const int lane = threadIdx.x & 31;
+    const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
     for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < n; r += gridDim.x * warps_per_block) {
+        const W* wr = w + r * k;
         for (int t0 = 0; t0 < tokens; t0 += MAX_TOKENS) {
             const int nt = min(MAX_TOKENS, tokens - t0);
+            const float* xt = x + t0 * k;
             float acc[MAX_TOKENS];
 #pragma unroll
             for (int t = 0; t < MAX_TOKENS; t++) acc[t] = 0.0f;
-            const float* wr = w + r * k;
-            if ((k & 3) == 0) {
-                const float4* w4 = reinterpret_cast<const float4*>(wr);
-                for (long i = lane; i < k / 4; i += 32) {
-                    const float4 wv = w4[i];
+            if (vec) {
+                const long chunks = k / N;
+                long i = lane;
+                for (; i + 32 * (LOADS_IN_FLIGHT - 1) < chunks; i += 32 * LOADS_IN_FLIGHT) {
+                    float wv[LOADS_IN_FLIGHT][N];
+#pragma unroll
+                    for (int u = 0; u < LOADS_IN_FLIGHT; u++) WeightVec<W>::chunk(wr, i + 32 * u, wv[u]);
 #pragma unroll
                     for (int t = 0; t < MAX_TOKENS; t++) {
                         if (t < nt) {
-                            const float4 xv = reinterpret_cast<const float4*>(x + (t0 + t) * k)[i];
-                            acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+#pragma unroll
+                            for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
+                                float xv[N];
+                                act_chunk<N>(xt + t * k, i + 32 * u, xv);
+#pragma unroll
+                                for (int j = 0; j < N; j++) acc[t] += wv[u][j] * xv[j];
+                            }
+                        }
+                    }
+                }
+                for (; i < chunks; i += 32) {
+                    float wv[N];
+                    WeightVec<W>::chunk(wr, i, wv);
+#pragma unroll
+                    for (int t = 0; t < MAX_TOKENS; t++) {
+                        if (t < nt) {
+                            float xv[N];
+                            act_chunk<N>(xt + t * k, i, xv);
+#pragma unroll
+                            for (int j = 0; j < N; j++) acc[t] += wv[j] * xv[j];
                         }
                     }
                 }
             } else {
                 for (long i = lane; i < k; i += 32) {
+                    const float wi = WeightVec<W>::one(wr, i);
 #pragma unroll
                     for (int t = 0; t < MAX_TOKENS; t++)
-                        if (t < nt) acc[t] += wr[i] * x[(t0 + t) * k + i];
+                        if (t < nt) acc[t] += wi * xt[t * k + i];
                 }
             }
 #pragma unroll
@@ -43,54 +72,13 @@ extern "C" __global__ void linear_rows_f32(float* y, const float* x, const float
     }
 }
 
+extern "C" __global__ void linear_rows_f32(float* y, const float* x, const float* w, int tokens, long k, long n) {
+    linear_rows<float>(y, x, w, tokens, k, n);
+}
+
 // bf16 weights (the trunk on the GPU), f32 activations and accumulation.
 extern "C" __global__ void linear_rows_bf16(float* y, const float* x, const bf16_t* w, int tokens, long k, long n) {
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < n; r += gridDim.x * warps_per_block) {
-        for (int t0 = 0; t0 < tokens; t0 += MAX_TOKENS) {
-            const int nt = min(MAX_TOKENS, tokens - t0);
-            float acc[MAX_TOKENS];
-#pragma unroll
-            for (int t = 0; t < MAX_TOKENS; t++) acc[t] = 0.0f;
-            const bf16_t* wr = w + r * k;
-            if ((k & 7) == 0) {
-                // 8 bf16 weights per 16-byte load.
-                const uint4* w8 = reinterpret_cast<const uint4*>(wr);
-                for (long i = lane; i < k / 8; i += 32) {
-                    const uint4 packed = w8[i];
-                    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
-                    float wv[8];
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        wv[2 * j] = __uint_as_float(words[j] << 16);
-                        wv[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-                    }
-#pragma unroll
-                    for (int t = 0; t < MAX_TOKENS; t++) {
-                        if (t < nt) {
-                            const float4* x4 = reinterpret_cast<const float4*>(x + (t0 + t) * k + i * 8);
-                            const float4 a = x4[0], b = x4[1];
-                            acc[t] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w +
-                                      wv[4] * b.x + wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
-                        }
-                    }
-                }
-            } else {
-                for (long i = lane; i < k; i += 32) {
-                    const float wi = bf16_to_f32(wr[i]);
-#pragma unroll
-                    for (int t = 0; t < MAX_TOKENS; t++)
-                        if (t < nt) acc[t] += wi * x[(t0 + t) * k + i];
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < MAX_TOKENS; t++) {
-                const float s = warp_sum(acc[t]);
-                if (lane == 0 && t < nt) y[(t0 + t) * n + r] = s;
-            }
-        }
-    }
+    linear_rows<bf16_t>(y, x, w, tokens, k, n);
 }
 
 // Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
-use crate::ir::{LogitsMode, Op, Phase, Program, StateKind};
+use crate::ir::{LogitsMode, Node, Op, Phase, Program, StateKind};
 use crate::plan::ModelPlan;
 use crate::runtime::{Model, ModelOptions};
 
@@ -69,9 +69,104 @@ pub struct BenchReport {
     pub decode: Vec<DecodeRow>,
     pub decode_bytes_at_largest_context: ByteCount,
     pub prefill: Vec<PrefillRow>,
-    /// Eager decode steps at the largest context, synchronised after every node: milliseconds per
-    /// step by op kind (op, launches per step, ms per step).
-    pub decode_profile: Vec<(String, f64, f64)>,
+    /// Decode steps at the largest context timed node by node with device events (eager launches
+    /// queued behind a spinning kernel, so the kernels run back to back), by op kind and variant.
+    pub decode_profile: Vec<ProfileRow>,
+    /// The profile's nodes other than the routed experts (the issue's "dense parts"): bytes over
+    /// their summed time, over the copy bandwidth.
+    pub dense_fraction_of_copy_bandwidth: f64,
+    /// The same for the routed experts (`moe_experts` nodes).
+    pub expert_fraction_of_copy_bandwidth: f64,
+    /// The sum of the profiled node times (ms), to compare with the replayed step's time.
+    pub profiled_ms_per_step: f64,
+    /// The slowest nodes of the profile, one row each.
+    pub slowest_nodes: Vec<ProfileRow>,
+}
+
+/// Nodes listed one by one in the profile.
+const SLOWEST_NODES: usize = 16;
+
+#[derive(Debug, Serialize)]
+pub struct ProfileRow {
+    /// `kind` or `kind/variant` when the variant is not the reference.
+    pub op: String,
+    pub nodes_per_step: usize,
+    pub ms_per_step: f64,
+    pub bytes_per_step: u64,
+    pub fraction_of_copy_bandwidth: f64,
+}
+
+/// Aggregates a per-node profile (node name, steps, seconds) by op kind and variant; also
+/// returns the dense and expert fractions, the total ms, and the slowest nodes.
+fn profile_rows(
+    program: &Program,
+    nodes: &[(String, usize, f64)],
+    context: usize,
+    bandwidth: f64,
+) -> (Vec<ProfileRow>, f64, f64, f64, Vec<ProfileRow>) {
+    let mut rows: Vec<ProfileRow> = Vec::new();
+    let mut slowest: Vec<ProfileRow> = Vec::new();
+    let (mut dense, mut experts) = ((0u64, 0f64), (0u64, 0f64));
+    for (name, steps, secs) in nodes {
+        let Some(node) = program.nodes.iter().find(|n| &n.name == name) else {
+            continue;
+        };
+        let op = if node.variant == "reference" {
+            node.op.kind().to_string()
+        } else {
+            format!("{}/{}", node.op.kind(), node.variant)
+        };
+        let bytes = total(&node_bytes(program, node, context));
+        let ms = secs * 1e3 / (*steps).max(1) as f64;
+        let part = if matches!(node.op, Op::MoeExperts { .. }) {
+            &mut experts
+        } else {
+            &mut dense
+        };
+        part.0 += bytes;
+        part.1 += ms;
+        slowest.push(ProfileRow {
+            op: format!("{name} ({op})"),
+            nodes_per_step: 1,
+            ms_per_step: ms,
+            bytes_per_step: bytes,
+            fraction_of_copy_bandwidth: 0.0,
+        });
+        match rows.iter_mut().find(|r| r.op == op) {
+            Some(r) => {
+                r.nodes_per_step += 1;
+                r.ms_per_step += ms;
+                r.bytes_per_step += bytes;
+            }
+            None => rows.push(ProfileRow {
+                op,
+                nodes_per_step: 1,
+                ms_per_step: ms,
+                bytes_per_step: bytes,
+                fraction_of_copy_bandwidth: 0.0,
+            }),
+        }
+    }
+    let fraction = |bytes: u64, ms: f64| {
+        if ms > 0.0 {
+            bytes as f64 / (ms / 1e3) / (bandwidth * 1e9)
+        } else {
+            0.0
+        }
+    };
+    for r in rows.iter_mut().chain(slowest.iter_mut()) {
+        r.fraction_of_copy_bandwidth = fraction(r.bytes_per_step, r.ms_per_step);
+    }
+    rows.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+    slowest.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+    slowest.truncate(SLOWEST_NODES);
+    (
+        rows,
+        fraction(dense.0, dense.1),
+        fraction(experts.0, experts.1),
+        dense.1 + experts.1,
+        slowest,
+    )
 }
 
 /// The real config cut to its first `layers` layers, with a smaller PLE table.
@@ -145,6 +240,26 @@ pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
         recurrent_state: 0,
         kv_and_indexer: 0,
     };
+    for node in &program.nodes {
+        let n = node_bytes(program, node, context);
+        c.dense_weights += n.dense_weights;
+        c.expert_weights += n.expert_weights;
+        c.embedding_rows += n.embedding_rows;
+        c.recurrent_state += n.recurrent_state;
+        c.kv_and_indexer += n.kv_and_indexer;
+    }
+    c
+}
+
+/// The bytes one node of a decode step reads (see [`decode_bytes`]).
+pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
+    let mut c = ByteCount {
+        dense_weights: 0,
+        expert_weights: 0,
+        embedding_rows: 0,
+        recurrent_state: 0,
+        kv_and_indexer: 0,
+    };
     let size = |name: &str| -> u64 {
         program
             .weights
@@ -154,49 +269,50 @@ pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
             .unwrap_or(0)
     };
     let matrix_ops = ["linear", "swiglu_linear", "hc_mix", "hc_inject"];
-    for node in &program.nodes {
-        match &node.op {
-            Op::MoeExperts { experts, .. } => {
-                let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;
-                for w in &node.weights {
-                    c.expert_weights += size(w) * 2 * k / *experts as u64;
-                }
+    match &node.op {
+        Op::MoeExperts { experts, .. } => {
+            let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;
+            for w in &node.weights {
+                c.expert_weights += size(w) * 2 * k / *experts as u64;
             }
-            Op::Embed => {
-                let ids = program.value(&node.inputs[0]).map(|v| v.width).unwrap_or(1) as u64;
-                let d = program
-                    .weights
-                    .iter()
-                    .find(|w| w.name == node.weights[0])
-                    .map(|w| w.shape[1])
-                    .unwrap_or(0) as u64;
-                c.embedding_rows += ids * d * 2;
+        }
+        Op::Embed => {
+            let ids = program.value(&node.inputs[0]).map(|v| v.width).unwrap_or(1) as u64;
+            let d = program
+                .weights
+                .iter()
+                .find(|w| w.name == node.weights[0])
+                .map(|w| w.shape[1])
+                .unwrap_or(0) as u64;
+            c.embedding_rows += ids * d * 2;
+        }
+        op if matrix_ops.contains(&op.kind()) => {
+            for w in &node.weights {
+                c.dense_weights += size(w) * 2;
             }
-            op if matrix_ops.contains(&op.kind()) => {
-                for w in &node.weights {
-                    c.dense_weights += size(w) * 2;
-                }
-            }
-            Op::Attention {
-                kv_heads, head_dim, ..
-            } => {
-                let visited = context.min(2051) as u64; // budget + block - 1 at most (real: 2048 + 3)
-                c.kv_and_indexer += visited * (*kv_heads * *head_dim) as u64 * 4 * 2;
-            }
-            Op::IndexerSelect {
-                head_dim, block, ..
-            } => {
-                c.kv_and_indexer += (context / block) as u64 * *head_dim as u64 * 4;
-            }
-            _ => {
-                for w in &node.weights {
-                    c.dense_weights += size(w) * 4;
-                }
+        }
+        Op::Attention {
+            kv_heads, head_dim, ..
+        } => {
+            let visited = context.min(2051) as u64; // budget + block - 1 at most (real: 2048 + 3)
+            c.kv_and_indexer += visited * (*kv_heads * *head_dim) as u64 * 4 * 2;
+        }
+        Op::IndexerSelect {
+            head_dim, block, ..
+        } => {
+            c.kv_and_indexer += (context / block) as u64 * *head_dim as u64 * 4;
+        }
+        _ => {
+            for w in &node.weights {
+                c.dense_weights += size(w) * 4;
             }
         }
     }
     // Conv windows and GDN recurrent states are read and written once per step.
-    for s in &program.states {
+    for name in &node.states {
+        let Some(s) = program.states.iter().find(|s| &s.name == name) else {
+            continue;
+        };
         let elems = match &s.kind {
             StateKind::Window { rows, width } => rows * width,
             StateKind::Zeros { len } => *len,
@@ -282,7 +398,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
-    let mut profile = Vec::new();
+    let mut profile = (Vec::new(), 0.0, 0.0, 0.0, Vec::new());
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
@@ -302,15 +418,11 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         if ctx == *opts.contexts.iter().max().unwrap_or(&ctx) {
             s.set_cuda_graphs(false);
             s.cuda_profile(true);
-            let steps = 4;
-            for i in 0..steps {
+            for i in 0..4 {
                 s.decode(token(i + 50, vocab))?;
             }
-            profile = s
-                .cuda_profile(false)
-                .into_iter()
-                .map(|(k, n, t)| (k, n as f64 / steps as f64, t * 1e3 / steps as f64))
-                .collect();
+            let nodes = s.cuda_profile(false);
+            profile = profile_rows(&decode_program, &nodes, ctx, bandwidth);
         }
         bytes_last = decode_bytes(&decode_program, ctx);
         let bytes = total(&bytes_last);
@@ -332,7 +444,11 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode,
         decode_bytes_at_largest_context: bytes_last,
         prefill,
-        decode_profile: profile,
+        decode_profile: profile.0,
+        dense_fraction_of_copy_bandwidth: profile.1,
+        expert_fraction_of_copy_bandwidth: profile.2,
+        profiled_ms_per_step: profile.3,
+        slowest_nodes: profile.4,
     })
 }
 
@@ -376,10 +492,38 @@ impl std::fmt::Display for BenchReport {
         if !self.decode_profile.is_empty() {
             writeln!(
                 f,
-                "decode profile at the largest context (eager, synchronised after each node):"
+                "decode profile at the largest context (device events per node, kernels back to back): \
+                 {:.3} ms/step in all; dense parts {:.3} of copy bw, routed experts {:.3}",
+                self.profiled_ms_per_step,
+                self.dense_fraction_of_copy_bandwidth,
+                self.expert_fraction_of_copy_bandwidth
             )?;
-            for (op, n, ms) in &self.decode_profile {
-                writeln!(f, "  {op:<16} {n:>5.0} launches/step {ms:>9.3} ms/step")?;
+            writeln!(
+                f,
+                "  {:<24} {:>6} {:>10} {:>10} {:>10}",
+                "op", "nodes", "ms/step", "MB/step", "of copy bw"
+            )?;
+            for r in &self.decode_profile {
+                writeln!(
+                    f,
+                    "  {:<24} {:>6} {:>10.3} {:>10.2} {:>10.3}",
+                    r.op,
+                    r.nodes_per_step,
+                    r.ms_per_step,
+                    r.bytes_per_step as f64 / 1e6,
+                    r.fraction_of_copy_bandwidth
+                )?;
+            }
+            writeln!(f, "  slowest nodes:")?;
+            for r in &self.slowest_nodes {
+                writeln!(
+                    f,
+                    "    {:<48} {:>10.4} ms {:>10.2} MB {:>8.3}",
+                    r.op,
+                    r.ms_per_step,
+                    r.bytes_per_step as f64 / 1e6,
+                    r.fraction_of_copy_bandwidth
+                )?;
             }
         }
         writeln!(f, "prefill:")?;

@@ -16,8 +16,10 @@
 mod common;
 
 use common::gpu::*;
+use cudarc::driver::CudaSlice;
+use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::attention as attn;
-use graphrun::exec::cuda::Gpu;
+use graphrun::exec::cuda::{CudaError, Gpu};
 use graphrun::ops::attention::{attend, AttnShape};
 use graphrun::ops::indexer::{pool_blocks, select, IndexerShape, RowSel};
 use graphrun::ops::rope;
@@ -72,7 +74,43 @@ struct Geometry {
     steps: Vec<(usize, usize)>,
     /// Rows of a step longer than this are checked at a sample of rows (the CPU attends slowly).
     check_all_below: usize,
+    /// The attention variants run (each on its own caches) and checked at every step.
+    variants: &'static [Variant],
 }
+
+/// An attention launcher of `attn` (they share one signature) and its kernel's name.
+#[derive(Clone, Copy)]
+struct Variant {
+    kernel: &'static str,
+    launch: AttentionFn,
+}
+
+type AttentionFn = fn(
+    &Gpu,
+    &CudaSlice<f32>,
+    &CudaSlice<f32>,
+    &CudaSlice<f32>,
+    &CudaSlice<i32>,
+    &mut CudaSlice<f32>,
+    &mut CudaSlice<f32>,
+    usize,
+    &CudaSlice<i64>,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+) -> Result<Buf<f32>, CudaError>;
+
+const REFERENCE: Variant = Variant {
+    kernel: "attention_reference_f32",
+    launch: attn::attention,
+};
+const SPLIT: Variant = Variant {
+    kernel: "attention_split_f32",
+    launch: attn::attention_split,
+};
 
 /// The reference's score of every complete block for row `t` (as `ops::indexer::select`).
 fn reference_scores(
@@ -144,8 +182,17 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
     // The pooled state as the executor allocates every `Append` state: `capacity` rows (only
     // capacity/block are used); the 256k test uses the exact size.
     let mut d_pooled = gpu.zeros::<f32>(g.capacity * id, "pooled").unwrap();
-    let mut d_kc = gpu.zeros::<f32>(g.capacity * kw, "k cache").unwrap();
-    let mut d_vc = gpu.zeros::<f32>(g.capacity * kw, "v cache").unwrap();
+    // K/V caches per variant: each variant appends the step's rows itself.
+    let mut d_caches: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = g
+        .variants
+        .iter()
+        .map(|_| {
+            (
+                gpu.zeros::<f32>(g.capacity * kw, "k cache").unwrap(),
+                gpu.zeros::<f32>(g.capacity * kw, "v cache").unwrap(),
+            )
+        })
+        .collect();
 
     let mut position = 0;
     for &(start, rows) in &g.steps {
@@ -184,14 +231,20 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
             g.theta,
         )
         .unwrap();
-        let d_y = attn::attention(
-            gpu, &d_q, &d_k, &d_v, &d_sel, &mut d_kc, &mut d_vc, rows, &step, g.heads, g.kv_heads,
-            hd, g.capacity, keep, block,
-        )
-        .unwrap();
+        let d_ys: Vec<Buf<f32>> = g
+            .variants
+            .iter()
+            .zip(&mut d_caches)
+            .map(|(variant, (d_kc, d_vc))| {
+                (variant.launch)(
+                    gpu, &d_q, &d_k, &d_v, &d_sel, d_kc, d_vc, rows, &step, g.heads, g.kv_heads,
+                    hd, g.capacity, keep, block,
+                )
+                .unwrap()
+            })
+            .collect();
         gpu.sync(&label).unwrap();
         let sel_dev = gpu.download(&d_sel, "selection").unwrap();
-        let y_dev = gpu.download(&d_y, "attention").unwrap();
 
         // Reference (as exec::cpu).
         raw.extend_from_slice(&ik);
@@ -213,14 +266,17 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
             &pooled_dev[..pooled.len()],
             &pooled,
         );
-        let (kc_dev, vc_dev) = (
-            gpu.download(&d_kc, "k cache").unwrap(),
-            gpu.download(&d_vc, "v cache").unwrap(),
-        );
-        assert!(
-            kc_dev[..kc.len()] == kc[..] && vc_dev[..vc.len()] == vc[..],
-            "{label}: kv cache differs"
-        );
+        for (variant, (d_kc, d_vc)) in g.variants.iter().zip(&d_caches) {
+            let (kc_dev, vc_dev) = (
+                gpu.download(d_kc, "k cache").unwrap(),
+                gpu.download(d_vc, "v cache").unwrap(),
+            );
+            assert!(
+                kc_dev[..kc.len()] == kc[..] && vc_dev[..vc.len()] == vc[..],
+                "{label}: kv cache of {} differs",
+                variant.kernel
+            );
+        }
 
         // Selection: exactly equal.
         let sel_gpu = decode_selection(&sel_dev, rows, keep, block);
@@ -275,16 +331,19 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
             .collect();
         let sel_sub: Vec<RowSel> = check_rows.iter().map(|&t| sel_cpu[t].clone()).collect();
         let want = attend(&q_sub, &kc, &vc, &sel_sub, &attn_shape);
-        let got: Vec<f32> = check_rows
-            .iter()
-            .flat_map(|&t| y_dev[t * qw..(t + 1) * qw].iter().copied())
-            .collect();
-        check(
-            "attention_reference_f32",
-            &format!("{label} ({} rows)", check_rows.len()),
-            &got,
-            &want,
-        );
+        for (variant, d_y) in g.variants.iter().zip(&d_ys) {
+            let y_dev = gpu.download(d_y, "attention").unwrap();
+            let got: Vec<f32> = check_rows
+                .iter()
+                .flat_map(|&t| y_dev[t * qw..(t + 1) * qw].iter().copied())
+                .collect();
+            check(
+                variant.kernel,
+                &format!("{label} ({} rows)", check_rows.len()),
+                &got,
+                &want,
+            );
+        }
     }
 }
 
@@ -310,6 +369,7 @@ fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
         capacity: 48,
         steps: vec![(0, 5), (5, 30), (35, 1), (36, 4)],
         check_all_below: usize::MAX,
+        variants: &[REFERENCE],
     };
     run_steps(&gpu, &g, 0x71a7);
     // A block size that does not divide the steps, and a budget below one block (keep 0: the
@@ -367,8 +427,140 @@ fn qsa_steps_match_the_cpu_reference_at_real_shapes() {
         capacity: 4096,
         steps: vec![(0, 2990), (2990, 64), (3054, 1)],
         check_all_below: 64,
+        variants: &[REFERENCE],
     };
     run_steps(&gpu, &g, 0x3000);
+}
+
+/// Consecutive steps from position 0: a step to `fill_to` (if past the last), then `short`
+/// steps of 1, 2, ..., 8, 1, 2, ... rows (decodes and short multi-token steps), for each pair.
+fn steps_from(plan: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut steps = Vec::new();
+    let mut position = 0;
+    for &(fill_to, short) in plan {
+        if fill_to > position {
+            steps.push((position, fill_to - position));
+            position = fill_to;
+        }
+        for i in 0..short {
+            let rows = i % 8 + 1;
+            steps.push((position, rows));
+            position += rows;
+        }
+    }
+    steps
+}
+
+/// `attention_split` (flash-decoding) at tiny shapes: steps of 1..8 rows across the dense/sparse
+/// boundary, every group bound of the kernel (heads per kv head 1, 2, 6, 12, 16; head_dim 16, 20
+/// and 32), block sizes 2 and 3, keep 0; and shapes it hands to the reference kernel (head_dim
+/// 6, 17 heads per kv head).
+#[test]
+fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let steps = steps_from(&[(0, 10)]); // to position 39
+    let base = Geometry {
+        name: "split-tiny",
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        indexer: IndexerShape {
+            heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+            budget: 4,
+            block: 2,
+        },
+        theta: 10_000.0,
+        eps: 1e-6,
+        capacity: 48,
+        steps,
+        check_all_below: usize::MAX,
+        variants: &[SPLIT],
+    };
+    let shapes = [
+        (4, 2, 16),
+        (4, 4, 16),
+        (12, 2, 32),
+        (24, 2, 16),
+        (16, 1, 20),
+        (6, 2, 6),
+        (34, 2, 8),
+    ];
+    for (i, (heads, kv_heads, head_dim)) in shapes.into_iter().enumerate() {
+        let g = Geometry {
+            heads,
+            kv_heads,
+            head_dim,
+            indexer: IndexerShape { ..base.indexer },
+            steps: base.steps.clone(),
+            ..base
+        };
+        println!("{heads}/{kv_heads} heads of {head_dim}");
+        run_steps(&gpu, &g, 0x5917 + i as u64);
+    }
+    let g = Geometry {
+        name: "split-tiny-b3",
+        heads: 24,
+        kv_heads: 2,
+        indexer: IndexerShape {
+            heads: 3,
+            head_dim: 8,
+            rotary_dim: 8,
+            budget: 9,
+            block: 3,
+        },
+        capacity: 42,
+        steps: vec![(0, 7), (7, 1), (8, 25), (33, 1), (34, 8)],
+        ..base
+    };
+    run_steps(&gpu, &g, 0x5927);
+    let g = Geometry {
+        name: "split-tiny-keep0",
+        indexer: IndexerShape {
+            heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+            budget: 1,
+            block: 2,
+        },
+        capacity: 16,
+        steps: vec![(0, 9), (9, 1), (10, 2)],
+        ..base
+    };
+    run_steps(&gpu, &g, 0x5937);
+}
+
+/// `attention_split` at the real Qwen3.8-Flash-Next shapes (24/2 heads of 256, block 4, budget
+/// 2048: sparse from position 2051 on), the caches carried over ~3000 tokens: decodes and steps
+/// of 1..8 rows among dense rows (around position 1000), across the boundary (2040..2090) and
+/// sparse at ~3000 tokens; the long fill steps between them are checked too (one split per row,
+/// many chunks).
+#[test]
+fn attention_split_matches_the_cpu_reference_at_real_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    // Dense 1000..1036, across the boundary 2040..2082 (sparse from 2051), sparse 2990..3062.
+    let steps = steps_from(&[(1000, 8), (2040, 11), (2990, 16)]);
+    let g = Geometry {
+        name: "split-real",
+        heads: 24,
+        kv_heads: 2,
+        head_dim: 256,
+        indexer: IndexerShape {
+            heads: 4,
+            head_dim: 128,
+            rotary_dim: 64,
+            budget: 2048,
+            block: 4,
+        },
+        theta: 1e7,
+        eps: 1e-6,
+        capacity: 4096,
+        steps,
+        check_all_below: 64,
+        variants: &[SPLIT],
+    };
+    run_steps(&gpu, &g, 0x5_3000);
 }
 
 /// The top-k at the largest selection the geometry allows: 65536 complete blocks (256k tokens,
@@ -513,7 +705,7 @@ fn timings_at_256k_context() {
             t0.elapsed().as_secs_f64() * 1e6 / n as f64
         );
     };
-    for rows in [1usize, 64] {
+    for rows in [1usize, 8, 64] {
         let start = capacity - rows;
         let step = gpu.upload(&[start as i64], "step").unwrap();
         let iq = gpu
@@ -554,15 +746,17 @@ fn timings_at_256k_context() {
             },
         );
         let sel = sel.unwrap();
-        time(
-            &format!("attention T{rows} 24/2x256 (2051 positions)"),
-            &mut || {
-                attn::attention(
-                    &gpu, &q, &k, &v, &sel, &mut d_kc, &mut d_vc, rows, &step, heads, kv_heads, hd,
-                    capacity, keep, s.block,
-                )
-                .unwrap();
-            },
-        );
+        for variant in [REFERENCE, SPLIT] {
+            time(
+                &format!("{} T{rows} 24/2x256 (2051 positions)", variant.kernel),
+                &mut || {
+                    (variant.launch)(
+                        &gpu, &q, &k, &v, &sel, &mut d_kc, &mut d_vc, rows, &step, heads, kv_heads,
+                        hd, capacity, keep, s.block,
+                    )
+                    .unwrap();
+                },
+            );
+        }
     }
 }

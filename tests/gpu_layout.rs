@@ -141,11 +141,15 @@ fn layout_kernels_match_the_cpu_reference() {
         report.check("split_q_gate_reference_f32 g", &s, &get(&gpu, &g), &wg);
     }
 
-    // Hyper-connection read chain and injection gains: (rows, H, streams, rank).
+    // Hyper-connection read chain and injection gains: (rows, H, streams, rank). Up to 8 rows
+    // take the block-per-output kernels, more the warp-per-output ones; streams dividing 32 split
+    // a warp's lanes over the streams, 3 streams do not.
     for (rows, h, c, r) in [
         (3, 32, 2, 8),
         (3, 32, 4, 8),
         (2, 33, 3, 5),
+        (9, 32, 4, 8),
+        (12, 33, 3, 5),
         (1, 2560, 4, 320),
         (16, 2560, 4, 320),
     ] {
@@ -170,7 +174,7 @@ fn layout_kernels_match_the_cpu_reference() {
             );
             let (di, ri) = matrix(&gpu, &wi, bf16);
             report.check(
-                &format!("hc_inject_reference_{}", dtype(bf16)),
+                &format!("hc_inject_{}", dtype(bf16)),
                 &s,
                 &get(&gpu, &layout::hc_inject(&gpu, &dhn, &di, rows, c).unwrap()),
                 &hyper::hc_inject(&hn, &ri, rows, c),

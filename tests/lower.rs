@@ -136,3 +136,33 @@ fn real_decode_uses_fusions_and_rules() {
         .iter()
         .all(|n| n.rule == "linear.decode_rows" && n.variant == "rows"));
 }
+
+/// The arena of `memplan`: its size against every value's bytes (nothing shared) and against the
+/// most bytes live at one node (a lower bound), for the real config's decode and prefill steps.
+#[test]
+fn real_arena_sizes() {
+    use graphrun::passes::memplan;
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    for (phase, tokens) in [(Phase::Decode, 1), (Phase::Prefill, 64)] {
+        let opts = LowerOptions {
+            device: Device::Cuda,
+            ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+        };
+        let p = lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+            .unwrap()
+            .program;
+        let bytes: Vec<usize> = p.values.iter().map(|v| v.bytes).collect();
+        let total: usize = bytes.iter().sum();
+        let peak = memplan::peak_live_bytes(&bytes, &memplan::lifetimes(&p));
+        println!(
+            "{phase} T={tokens}: arena {} bytes, peak live {peak} bytes, {} values of {total} bytes \
+             in all ({:.1}x smaller)",
+            p.arena_bytes,
+            p.values.len(),
+            total as f64 / p.arena_bytes as f64
+        );
+        assert!(peak <= p.arena_bytes && p.arena_bytes < total);
+    }
+}

@@ -362,7 +362,14 @@ fn run(cli: Cli) -> Result<(), Error> {
             for (name, n) in &lowered.fusion_counts {
                 eprintln!("fusion {name}: {n} match(es)");
             }
-            println!("{}", lowered.program.to_ron());
+            let p = &lowered.program;
+            eprintln!(
+                "arena: {} bytes for {} values ({} bytes unshared)",
+                p.arena_bytes,
+                p.values.len(),
+                p.values.iter().map(|v| v.bytes).sum::<usize>()
+            );
+            println!("{}", p.to_ron());
         }
         Command::Inspect(a) => {
             let plan = ModelPlan::from_model_dir(&a.model)?;

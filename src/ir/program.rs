@@ -111,6 +111,17 @@ pub struct ValueInfo {
     pub ty: ValueType,
     /// Columns per token row (0 for selections).
     pub width: usize,
+    /// Rows (set by `memplan`): the program's `tokens`, or 1 downstream of `LastRow`.
+    #[serde(default)]
+    pub rows: usize,
+    /// Size in bytes (set by `memplan`, `passes::memplan::value_bytes`): `rows` times 4·width
+    /// (f32), 8·width (i64) or 4·(2 + budget/block) (a selection, `i32 [rows, 2 + K]`).
+    #[serde(default)]
+    pub bytes: usize,
+    /// Byte offset in the step's arena (set by `memplan`), a multiple of
+    /// `passes::memplan::ALIGN`. Values whose lifetimes overlap never overlap in the arena.
+    #[serde(default)]
+    pub offset: usize,
 }
 
 /// Element class a weight must have in the checkpoint.
@@ -183,6 +194,10 @@ pub struct Program {
     pub input: String,
     /// The program's output: logits `[T or 1, vocab]`.
     pub output: String,
+    /// Bytes of the arena that holds every value at its `offset` (set by `memplan`): one device
+    /// buffer per step shape.
+    #[serde(default)]
+    pub arena_bytes: usize,
     pub values: Vec<ValueInfo>,
     pub weights: Vec<WeightInfo>,
     pub states: Vec<StateInfo>,

@@ -38,6 +38,9 @@ pub fn instantiate(
         name: INPUT.into(),
         ty: ValueType::I64,
         width: 1,
+        rows: 0,
+        bytes: 0,
+        offset: 0,
     });
     let mut env: BTreeMap<String, String> =
         BTreeMap::from([(INPUT.to_string(), INPUT.to_string())]);
@@ -106,6 +109,7 @@ fn empty_program(plan: &ModelPlan, opts: &LowerOptions) -> Program {
         },
         input: INPUT.into(),
         output: String::new(),
+        arena_bytes: 0,
         values: Vec::new(),
         weights: Vec::new(),
         states: Vec::new(),
@@ -269,6 +273,9 @@ impl Builder<'_> {
                     name: name.clone(),
                     ty,
                     width,
+                    rows: 0,
+                    bytes: 0,
+                    offset: 0,
                 });
                 local.insert(o.clone(), name.clone());
                 outputs.push(name);

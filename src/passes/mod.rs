@@ -3,8 +3,9 @@
 //!
 //! 1. [`fuse`]: replace the patterns of `graphs/fusions.ron` by fused ops;
 //! 2. [`schedule`]: choose a kernel variant for every node from `graphs/rules.ron`;
-//! 3. [`memplan`]: mark the last use of every value, so executors free buffers early;
-//! 4. [`validate`]: check the program's invariants (order, definitions, shapes, variants).
+//! 3. [`memplan`]: mark the last use of every value, size every value and lay them all out in one
+//!    arena, values whose lifetimes are disjoint sharing bytes;
+//! 4. [`validate`]: check the program's invariants (order, definitions, shapes, variants, arena).
 
 pub mod fuse;
 pub mod memplan;

@@ -1,6 +1,8 @@
 //! Checks a finished program: values defined once and before use (a topological order, checked
 //! with petgraph), weights and states declared, shapes consistent with the op shape rules,
-//! every node scheduled onto a known variant.
+//! every node scheduled onto a known variant, and the arena of `memplan` sound: every value's
+//! rows and bytes as its producer makes them, offsets aligned and inside the arena, and no two
+//! values that are live at the same node sharing bytes.
 
 use std::collections::HashMap;
 
@@ -9,6 +11,7 @@ use petgraph::graph::DiGraph;
 use crate::ir::{Program, ValueType};
 use crate::lower::LowerError;
 use crate::ops::{self, shape};
+use crate::passes::memplan;
 
 pub fn run(program: &Program) -> Result<(), LowerError> {
     let invalid = |node: &str, msg: String| LowerError::Invalid {
@@ -102,5 +105,114 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
             "is part of a cycle".into(),
         )
     })?;
+    check_arena(program)
+}
+
+/// The arena laid out by `memplan` (see there): sizes, alignment, bounds, and no two values with
+/// overlapping lifetimes overlapping in memory.
+fn check_arena(program: &Program) -> Result<(), LowerError> {
+    let invalid = |msg: String| LowerError::Invalid {
+        node: "(arena)".to_string(),
+        msg,
+    };
+    if !program.arena_bytes.is_multiple_of(memplan::ALIGN) {
+        return Err(invalid(format!(
+            "arena_bytes {} is not a multiple of {}",
+            program.arena_bytes,
+            memplan::ALIGN
+        )));
+    }
+    for (v, (rows, bytes)) in program.values.iter().zip(memplan::sizes(program)) {
+        if (v.rows, v.bytes) != (rows, bytes) {
+            return Err(invalid(format!(
+                "value `{}` is planned as {} rows, {} bytes; its producer makes {rows} rows, \
+                 {bytes} bytes",
+                v.name, v.rows, v.bytes
+            )));
+        }
+        if !v.offset.is_multiple_of(memplan::ALIGN) || v.offset + v.bytes > program.arena_bytes {
+            return Err(invalid(format!(
+                "value `{}` at offset {} ({} bytes) is not {}-aligned inside the arena of {} bytes",
+                v.name,
+                v.offset,
+                v.bytes,
+                memplan::ALIGN,
+                program.arena_bytes
+            )));
+        }
+    }
+    let life = memplan::lifetimes(program);
+    let bytes: Vec<usize> = program.values.iter().map(|v| v.bytes).collect();
+    let offsets: Vec<usize> = program.values.iter().map(|v| v.offset).collect();
+    if let Some((a, b)) = memplan::find_clash(&bytes, &offsets, &life) {
+        let (va, vb) = (&program.values[a], &program.values[b]);
+        return Err(invalid(format!(
+            "values `{}` (nodes {}..={}, bytes {}..{}) and `{}` (nodes {}..={}, bytes {}..{}) \
+             are live together and share memory",
+            va.name,
+            life[a].0,
+            life[a].1,
+            va.offset,
+            va.offset + va.bytes,
+            vb.name,
+            life[b].0,
+            life[b].1,
+            vb.offset,
+            vb.offset + vb.bytes
+        )));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::ir::{LogitsMode, Phase};
+    use crate::lower::{lower, GraphSet, LowerOptions};
+    use crate::plan::ModelPlan;
+
+    fn tiny() -> Program {
+        let plan = ModelPlan::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-qwen4exp/config.json"),
+        )
+        .unwrap();
+        let opts = LowerOptions::new(Phase::Prefill, 4, LogitsMode::Last);
+        lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+            .unwrap()
+            .program
+    }
+
+    fn error(p: &Program) -> String {
+        run(p).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn arena_problems_are_reported() {
+        let p = tiny();
+        run(&p).unwrap();
+
+        // A node's output placed on its input.
+        let mut bad = p.clone();
+        let node = bad.nodes.iter().find(|n| n.op.kind() == "linear").unwrap();
+        let (x, y) = (node.inputs[0].clone(), node.outputs[0].clone());
+        let at = bad.value(&x).unwrap().offset;
+        bad.values.iter_mut().find(|v| v.name == y).unwrap().offset = at;
+        // (The first clash found may be with another value live there too.)
+        let e = error(&bad);
+        assert!(e.contains("share memory") && e.contains(&y), "{e}");
+
+        let mut bad = p.clone();
+        bad.arena_bytes -= memplan::ALIGN;
+        assert!(error(&bad).contains("inside the arena"));
+
+        let mut bad = p.clone();
+        bad.values[3].offset += 16;
+        assert!(error(&bad).contains("aligned"));
+
+        let mut bad = p.clone();
+        bad.values[3].bytes /= 2;
+        assert!(error(&bad).contains("its producer makes"));
+    }
 }

@@ -77,8 +77,9 @@ impl<'m> Session<'m> {
         self.graphs = Some(on);
     }
 
-    /// Starts (or, with `false`, stops and returns) a per-op-kind profile of eager CUDA steps:
-    /// (op kind, launches, seconds). Steps replayed from CUDA graphs are not profiled.
+    /// Starts (or, with `false`, stops and returns) a per-node profile of eager CUDA steps, timed
+    /// with device events: (node name, steps timed, seconds in all), slowest first. Steps
+    /// replayed from CUDA graphs are not profiled.
     pub fn cuda_profile(&mut self, on: bool) -> Vec<(String, usize, f64)> {
         let Some(d) = self.device_state.as_mut() else {
             return Vec::new();

@@ -1,12 +1,15 @@
 //! One CUDA device: its context, the stream graphrun launches on (a non-default stream with
 //! event tracking off, which CUDA-graph capture needs), and the kernel modules loaded so far.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -20,8 +23,83 @@ pub struct Gpu {
     pub info: DeviceInfo,
     cache_dir: Option<PathBuf>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// Kernels looked up so far, by (file, name): an eager step looks up hundreds.
+    functions: Mutex<HashMap<(String, String), CudaFunction>>,
     /// How many kernel files were compiled (not found in the cache), for reports.
     pub compiled: Mutex<Vec<String>>,
+    /// Arena slots (address, bytes) for the outputs of the node being launched, in output
+    /// order: [`Gpu::output`] hands them out (see `exec::cuda::executor`).
+    slots: Mutex<VecDeque<(sys::CUdeviceptr, usize)>>,
+}
+
+/// A kernel's output buffer: its own allocation, or a slot of a step's arena (laid out by
+/// `passes::memplan`), which it must not free.
+pub struct Buf<T> {
+    slice: ManuallyDrop<CudaSlice<T>>,
+    owned: bool,
+}
+
+impl<T> Buf<T> {
+    pub fn owned(slice: CudaSlice<T>) -> Buf<T> {
+        Buf {
+            slice: ManuallyDrop::new(slice),
+            owned: true,
+        }
+    }
+
+    /// `len` elements at `ptr`, inside an allocation that outlives the buffer.
+    ///
+    /// # Safety
+    /// `ptr` must point at `len * size_of::<T>()` bytes of device memory on `stream`'s context
+    /// that stay allocated while the buffer lives.
+    pub unsafe fn aliased(stream: &Arc<CudaStream>, ptr: sys::CUdeviceptr, len: usize) -> Buf<T> {
+        Buf {
+            slice: ManuallyDrop::new(stream.upgrade_device_ptr(ptr, len)),
+            owned: false,
+        }
+    }
+
+    /// The device address (to check a buffer against the arena plan).
+    pub fn address(&self, stream: &CudaStream) -> sys::CUdeviceptr {
+        self.slice.device_ptr(stream).0
+    }
+}
+
+impl<T> std::fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Buf({} elements, {})",
+            self.slice.len(),
+            if self.owned { "owned" } else { "arena" }
+        )
+    }
+}
+
+impl<T> Deref for Buf<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+}
+
+impl<T> Drop for Buf<T> {
+    fn drop(&mut self) {
+        // SAFETY: the slice is taken exactly once, here.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        if self.owned {
+            drop(slice);
+        } else {
+            // An arena slot: forget the address without freeing it.
+            slice.leak();
+        }
+    }
 }
 
 impl Gpu {
@@ -56,12 +134,23 @@ impl Gpu {
             info,
             cache_dir: compile::default_cache_dir(),
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
+            slots: Mutex::new(VecDeque::new()),
         })
     }
 
     /// Kernel `name` of `kernels/<file>`, compiling and loading the file on first use.
     pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction, CudaError> {
+        let key = (file.to_string(), name.to_string());
+        if let Some(f) = self
+            .functions
+            .lock()
+            .expect("function cache lock")
+            .get(&key)
+        {
+            return Ok(f.clone());
+        }
         let module = {
             let mut modules = self.modules.lock().expect("module cache lock");
             match modules.get(file) {
@@ -89,10 +178,17 @@ impl Gpu {
                 }
             }
         };
-        module.load_function(name).map_err(|_| CudaError::NoKernel {
-            file: file.to_string(),
-            kernel: name.to_string(),
-        })
+        let f = module
+            .load_function(name)
+            .map_err(|_| CudaError::NoKernel {
+                file: file.to_string(),
+                kernel: name.to_string(),
+            })?;
+        self.functions
+            .lock()
+            .expect("function cache lock")
+            .insert(key, f.clone());
+        Ok(f)
     }
 
     pub fn upload<T: DeviceRepr>(&self, data: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
@@ -117,6 +213,52 @@ impl Gpu {
                 e,
             )
         })
+    }
+
+    /// A kernel's output of `len` elements: the next arena slot set by [`Gpu::set_slots`] when
+    /// the executor launches a planned node (its size must be the planned one), else a fresh
+    /// allocation. Not zeroed: every kernel writes all of its output.
+    pub fn output<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<Buf<T>, CudaError> {
+        let slot = self.slots.lock().expect("arena slot lock").pop_front();
+        let bytes = len * std::mem::size_of::<T>();
+        match slot {
+            Some((ptr, planned)) if planned == bytes => {
+                // SAFETY: the executor's arena holds `planned` bytes at `ptr` for the whole step.
+                Ok(unsafe { Buf::aliased(&self.stream, ptr, len) })
+            }
+            Some((_, planned)) => Err(CudaError::Shape {
+                kernel: what.to_string(),
+                msg: format!(
+                    "the arena plan has {planned} bytes for this output, the kernel writes {bytes}"
+                ),
+            }),
+            None => self.scratch(len, what),
+        }
+    }
+
+    /// A temporary of `len` elements, allocated on the stream (inside a captured graph, a
+    /// graph allocation). Not zeroed.
+    pub fn scratch<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<Buf<T>, CudaError> {
+        // SAFETY: the memory is uninitialised; every caller's kernel writes what it later reads.
+        unsafe { self.stream.alloc::<T>(len.max(1)) }
+            .map(|s| Buf::owned(s))
+            .map_err(|e| {
+                CudaError::driver(
+                    format!("allocating {what}"),
+                    Some(len * std::mem::size_of::<T>()),
+                    e,
+                )
+            })
+    }
+
+    /// Sets the arena slots for the outputs of the next launch (see [`Gpu::output`]); returns
+    /// how many were left untaken by the previous one (0 when every planned output was made).
+    pub fn set_slots(&self, slots: &[(sys::CUdeviceptr, usize)]) -> usize {
+        let mut q = self.slots.lock().expect("arena slot lock");
+        let left = q.len();
+        q.clear();
+        q.extend(slots.iter().copied());
+        left
     }
 
     pub fn download<T: DeviceRepr + Default + Clone>(

@@ -8,14 +8,14 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::{sys, CudaGraph, CudaSlice};
+use cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr};
 
 use crate::ir::{GateActivation, LogitsMode, Op, Phase, Program, StateKind, WeightClass};
 use crate::ops::gdn::GdnShape;
 use crate::ops::indexer::IndexerShape;
 use crate::weights::Weights;
 
-use super::device::Gpu;
+use super::device::{Buf, Gpu};
 use super::error::CudaError;
 use super::launch::{self, attention, gdn, layout, moe, DeviceMatrix};
 
@@ -193,6 +193,9 @@ enum DevState {
     I64(CudaSlice<i64>),
 }
 
+/// Step shapes whose arenas and graphs a sequence keeps before it forgets its prefill shapes.
+const MAX_STEP_SHAPES: usize = 16;
+
 /// Which step a captured graph computes.
 type GraphKey = (Phase, usize, LogitsMode);
 
@@ -204,6 +207,62 @@ struct StepIo {
     tokens: CudaSlice<i64>,
     logits: CudaSlice<f32>,
     logits_rows: usize,
+    /// Every value of the step at its `memplan` offset, allocated once per step shape, so that
+    /// the kernels of a replayed graph find their values at the captured addresses. Held, not
+    /// read: the slots below point into it.
+    _arena: CudaSlice<u8>,
+    /// The arena slots (address, bytes) of the program input and of each node's outputs.
+    input_slot: (sys::CUdeviceptr, usize),
+    node_slots: Vec<Vec<(sys::CUdeviceptr, usize)>>,
+}
+
+impl StepIo {
+    fn new(gpu: &Gpu, program: &Program, rows_in: usize) -> Result<StepIo, CudaError> {
+        let vocab = program.value(&program.output).map(|v| v.width).unwrap_or(0);
+        let logits_rows = if program.logits == LogitsMode::Last {
+            1
+        } else {
+            rows_in
+        };
+        let arena = gpu.zeros::<u8>(program.arena_bytes.max(1), "the step's arena")?;
+        let base = arena.device_ptr(&gpu.stream).0;
+        let infos: HashMap<&str, &crate::ir::ValueInfo> = program
+            .values
+            .iter()
+            .map(|v| (v.name.as_str(), v))
+            .collect();
+        let slot = |name: &str| -> Result<(sys::CUdeviceptr, usize), CudaError> {
+            let v = infos.get(name).ok_or_else(|| CudaError::Shape {
+                kernel: "arena".into(),
+                msg: format!("value `{name}` is not declared"),
+            })?;
+            if v.offset + v.bytes > program.arena_bytes {
+                return Err(CudaError::Shape {
+                    kernel: "arena".into(),
+                    msg: format!(
+                        "value `{name}` at {}+{} lies outside the arena of {} bytes",
+                        v.offset, v.bytes, program.arena_bytes
+                    ),
+                });
+            }
+            Ok((base + v.offset as u64, v.bytes))
+        };
+        let input_slot = slot(&program.input)?;
+        let node_slots = program
+            .nodes
+            .iter()
+            .map(|n| n.outputs.iter().map(|o| slot(o)).collect())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(StepIo {
+            step: gpu.zeros(1, "the step position")?,
+            tokens: gpu.zeros(rows_in, "the step's tokens")?,
+            logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
+            logits_rows,
+            _arena: arena,
+            input_slot,
+            node_slots,
+        })
+    }
 }
 
 /// One sequence's state on the device.
@@ -218,8 +277,9 @@ pub struct DeviceState {
     graphs: HashMap<GraphKey, CudaGraph>,
     /// How many steps ran as graph replays (for tests and reports).
     pub replays: usize,
-    /// When set, eager steps synchronise after every node and add its time here, by op kind
-    /// (a profile: the synchronisation itself slows the step).
+    /// When set, eager steps time every node with device events and add its time here, by node
+    /// name: (steps timed, seconds). The step is queued behind a spinning kernel, so the events
+    /// time the kernels back to back (as in a graph replay), not the host's launch rate.
     pub profile: Option<std::collections::BTreeMap<String, (usize, f64)>>,
     /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
     /// node and kernel that caused it (slow; for debugging).
@@ -263,12 +323,19 @@ impl DeviceState {
 }
 
 enum DVal {
-    F32 { rows: usize, buf: CudaSlice<f32> },
-    I64 { rows: usize, buf: CudaSlice<i64> },
-    Sel { buf: CudaSlice<i32> },
+    F32 { rows: usize, buf: Buf<f32> },
+    I64 { rows: usize, buf: Buf<i64> },
+    Sel { buf: Buf<i32> },
 }
 
 impl DVal {
+    fn address(&self, stream: &cudarc::driver::CudaStream) -> sys::CUdeviceptr {
+        match self {
+            DVal::F32 { buf, .. } => buf.address(stream),
+            DVal::I64 { buf, .. } => buf.address(stream),
+            DVal::Sel { buf } => buf.address(stream),
+        }
+    }
     fn f32(&self) -> (&CudaSlice<f32>, usize) {
         match self {
             DVal::F32 { rows, buf } => (buf, *rows),
@@ -311,18 +378,13 @@ pub fn run(
     let key: GraphKey = (program.phase, program.tokens, program.logits);
     let first_use = !state.io.contains_key(&key);
     if first_use {
-        let vocab = program.value(&program.output).map(|v| v.width).unwrap_or(0);
-        let logits_rows = if program.logits == LogitsMode::Last {
-            1
-        } else {
-            rows_in
-        };
-        let io = StepIo {
-            step: gpu.zeros(1, "the step position")?,
-            tokens: gpu.zeros(rows_in, "the step's tokens")?,
-            logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
-            logits_rows,
-        };
+        if state.io.len() >= MAX_STEP_SHAPES {
+            // Prompts of many lengths would each keep an arena and a graph: forget the prefill
+            // shapes (decode shapes are few and hot).
+            state.io.retain(|k, _| k.0 != Phase::Prefill);
+            state.graphs.retain(|k, _| k.0 != Phase::Prefill);
+        }
+        let io = StepIo::new(gpu, program, rows_in)?;
         state.io.insert(key, io);
     }
     {
@@ -402,21 +464,31 @@ fn record_nodes(
     let rows_in = io.tokens.len();
     let step = &io.step;
     let mut values: HashMap<&str, DVal> = HashMap::new();
-    // The program's input is a copy of the step's tokens, owned by the step like every value.
-    let mut tokens = gpu.zeros::<i64>(rows_in, "tokens")?;
-    gpu.stream
-        .memcpy_dtod(&io.tokens, &mut tokens)
-        .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
+    // The program's input is a copy of the step's tokens in its arena slot, like every value.
+    gpu.set_slots(&[io.input_slot]);
+    let mut tokens = gpu.output::<i64>(rows_in, "tokens");
+    gpu.set_slots(&[]);
+    if let Ok(t) = tokens.as_mut() {
+        gpu.stream
+            .memcpy_dtod(&io.tokens, &mut **t)
+            .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
+    }
     values.insert(
         program.input.as_str(),
         DVal::I64 {
             rows: rows_in,
-            buf: tokens,
+            buf: tokens?,
         },
     );
     let cap = state.capacity;
-    for node in &program.nodes {
-        let started = state.profile.as_ref().map(|_| std::time::Instant::now());
+    let profiling = state.profile.is_some();
+    // Events after each node of a profiled step, the first one before node 0.
+    let mut marks = Vec::new();
+    if profiling {
+        launch::hold_gpu(gpu, PROFILE_HOLD_NS)?;
+        marks.push(timing_event(gpu)?);
+    }
+    for (index, node) in program.nodes.iter().enumerate() {
         // A node's states are taken out of the session for the launch and always put back, so a
         // failed launch leaves the state in place.
         let mut bufs: Vec<DevState> = node
@@ -430,11 +502,31 @@ fn record_nodes(
             })
             .collect();
         let arg = |i: usize| &values[node.inputs[i].as_str()];
+        let slots = &io.node_slots[index];
+        gpu.set_slots(slots);
         let result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
+        let untaken = gpu.set_slots(&[]);
         for (name, buf) in node.states.iter().zip(bufs) {
             state.bufs.insert(name.clone(), buf);
         }
         let out = result?;
+        // The kernels must have written each output into its own planned slot: a launcher that
+        // made its outputs in another order would put a value where another one is planned.
+        let placed = untaken == 0
+            && out.len() == slots.len()
+            && out
+                .iter()
+                .zip(slots)
+                .all(|(v, &(ptr, _))| v.address(&gpu.stream) == ptr);
+        if !placed {
+            return Err(CudaError::Shape {
+                kernel: node.op.kind().to_string(),
+                msg: format!(
+                    "node `{}` did not write its outputs into their arena slots",
+                    node.name
+                ),
+            });
+        }
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
         }
@@ -446,16 +538,22 @@ fn record_nodes(
                 node.variant
             ))?;
         }
-        if let (Some(t), Some(profile)) = (started, state.profile.as_mut()) {
-            gpu.sync(&node.name)?;
-            let entry = profile
-                .entry(node.op.kind().to_string())
-                .or_insert((0, 0.0));
-            entry.0 += 1;
-            entry.1 += t.elapsed().as_secs_f64();
+        if profiling {
+            marks.push(timing_event(gpu)?);
         }
         for dead in &node.last_use {
             values.remove(dead.as_str());
+        }
+    }
+    if let Some(profile) = state.profile.as_mut() {
+        gpu.sync("a profiled step")?;
+        for (node, pair) in program.nodes.iter().zip(marks.windows(2)) {
+            let ms = pair[0]
+                .elapsed_ms(&pair[1])
+                .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
+            let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
+            entry.0 += 1;
+            entry.1 += ms as f64 / 1e3;
         }
     }
     let logits = match values.remove(program.output.as_str()) {
@@ -463,9 +561,19 @@ fn record_nodes(
         _ => unreachable!("validated programs output f32 logits"),
     };
     gpu.stream
-        .memcpy_dtod(&logits, &mut io.logits)
+        .memcpy_dtod(&*logits, &mut io.logits)
         .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
     Ok(())
+}
+
+/// How long a profiled step's launches are held back on the device (far longer than the host
+/// takes to queue a step's few hundred launches).
+const PROFILE_HOLD_NS: i64 = 30_000_000;
+
+fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
+    gpu.stream
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| CudaError::driver("recording a timing event", None, e))
 }
 
 /// Launches the kernels of one node; `bufs` are the node's states, in its declared order.
@@ -712,7 +820,11 @@ fn launch_node<'v>(
                 unreachable!("the template declares two states")
             };
             let (kc, vc) = (f32_state(kc), f32_state(vc));
-            let y = attention::attention(
+            let attend = match node.variant.as_str() {
+                "split" => attention::attention_split,
+                _ => attention::attention,
+            };
+            let y = attend(
                 gpu,
                 q,
                 arg(1).f32().0,

@@ -28,6 +28,8 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         // One warp per output row, up to 8 tokens per pass (decode); shared-memory tiles (prefill).
         "linear" => &["rows", "tiled"],
         "moe_experts" => &["token_major"],
+        // One block per (row, head) over the row's positions; split over positions (decode).
+        "attention" => &["reference", "split"],
         other if !crate::ops::variants(other).is_empty() => &["reference"],
         _ => &[],
     }

@@ -6,10 +6,11 @@
 //! checks `start + rows <= capacity` on the host (the kernels never touch a row past the
 //! capacity, but a step that overflows is not attended correctly).
 
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{grid_for, launched, shape};
-use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 use crate::ops::indexer::IndexerShape;
 
@@ -66,7 +67,7 @@ pub fn rope(
     head_dim: usize,
     rotary_dim: usize,
     theta: f64,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "rope_reference_f32";
     one_step(kernel, step)?;
     rope_dims(kernel, head_dim, rotary_dim)?;
@@ -82,7 +83,7 @@ pub fn rope(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let width = x.len() / rows;
-    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let mut y = gpu.output::<f32>(x.len(), kernel)?;
     let (r64, w64, hd, rot) = (
         rows as i64,
         width as i64,
@@ -90,7 +91,7 @@ pub fn rope(
         rotary_dim as i32,
     );
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(x)
         .arg(step)
         .arg(&r64)
@@ -132,7 +133,7 @@ pub fn indexer_select(
     capacity: usize,
     eps: f32,
     theta: f64,
-) -> Result<CudaSlice<i32>, CudaError> {
+) -> Result<Buf<i32>, CudaError> {
     let kernel = "indexer_select";
     let IndexerShape {
         heads,
@@ -222,7 +223,7 @@ pub fn indexer_select(
     shape(score, tile * (hd + 1) * 4 <= SHARED_LIMIT, || {
         format!("head_dim {hd} is too wide")
     })?;
-    let mut scores = gpu.zeros::<f32>((rows * blocks).max(1), score)?;
+    let mut scores = gpu.scratch::<f32>((rows * blocks).max(1), score)?;
     let f = gpu.function(FILE, score)?;
     let cfg = LaunchConfig {
         grid_dim: (blocks.div_ceil(tile).clamp(1, 65_535 * 8) as u32, 1, 1),
@@ -231,7 +232,7 @@ pub fn indexer_select(
     };
     let (heads32, tile32) = (heads as i32, tile as i32);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut scores)
+    b.arg(&mut *scores)
         .arg(q)
         .arg(&*pooled)
         .arg(step)
@@ -249,7 +250,7 @@ pub fn indexer_select(
 
     // 4. Top-k per row into the selection.
     let topk = "indexer_select_topk_f32";
-    let mut sel = gpu.zeros::<i32>(rows * (2 + keep), topk)?;
+    let mut sel = gpu.output::<i32>(rows * (2 + keep), topk)?;
     let f = gpu.function(FILE, topk)?;
     let cfg = LaunchConfig {
         grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
@@ -257,8 +258,8 @@ pub fn indexer_select(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut sel)
-        .arg(&scores)
+    b.arg(&mut *sel)
+        .arg(&*scores)
         .arg(step)
         .arg(&r64)
         .arg(&block32)
@@ -270,14 +271,12 @@ pub fn indexer_select(
     Ok(sel)
 }
 
-/// `Attention` (as `exec::cpu`): appends `k, v [rows, kv_heads*head_dim]` to rows
-/// `[start, start+rows)` of `k_cache`, `v_cache [capacity, kv_heads*head_dim]`, then for each
-/// row and head of `q [rows, heads*head_dim]` computes `softmax(q·K/sqrt(head_dim))·V` over the
-/// row's selected positions (`sel i32 [rows, 2 + keep]` from [`indexer_select`], whose sparse
-/// rows name blocks of `block` positions), query head h reading kv head h/(heads/kv_heads).
+/// The shape checks every attention variant makes, then the step's `k`, `v` appended to rows
+/// `[start, start+rows)` of the caches (errors name `kernel`).
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+fn append_kv(
     gpu: &Gpu,
+    kernel: &str,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
@@ -292,8 +291,7 @@ pub fn attention(
     capacity: usize,
     keep: usize,
     block: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel = "attention_reference_f32";
+) -> Result<(), CudaError> {
     one_step(kernel, step)?;
     shape(
         kernel,
@@ -329,14 +327,44 @@ pub fn attention(
             )
         },
     )?;
+    append_rows(gpu, k_cache, k, rows, step, kw, capacity)?;
+    append_rows(gpu, v_cache, v, rows, step, kw, capacity)
+}
+
+/// `Attention` (as `exec::cpu`): appends `k, v [rows, kv_heads*head_dim]` to rows
+/// `[start, start+rows)` of `k_cache`, `v_cache [capacity, kv_heads*head_dim]`, then for each
+/// row and head of `q [rows, heads*head_dim]` computes `softmax(q·K/sqrt(head_dim))·V` over the
+/// row's selected positions (`sel i32 [rows, 2 + keep]` from [`indexer_select`], whose sparse
+/// rows name blocks of `block` positions), query head h reading kv head h/(heads/kv_heads).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    sel: &CudaSlice<i32>,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    keep: usize,
+    block: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "attention_reference_f32";
     shape(kernel, 2 * head_dim * 4 <= SHARED_LIMIT, || {
         format!("head_dim {head_dim} is too wide")
     })?;
-    append_rows(gpu, k_cache, k, rows, step, kw, capacity)?;
-    append_rows(gpu, v_cache, v, rows, step, kw, capacity)?;
+    append_kv(
+        gpu, kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
+        capacity, keep, block,
+    )?;
 
     let f = gpu.function(FILE, kernel)?;
-    let mut y = gpu.zeros::<f32>(q.len(), kernel)?;
+    let mut y = gpu.output::<f32>(q.len(), kernel)?;
     let cfg = LaunchConfig {
         grid_dim: ((rows * heads).min(i32::MAX as usize) as u32, 1, 1),
         block_dim: (ATTN_CHUNK, 1, 1),
@@ -352,7 +380,7 @@ pub fn attention(
         capacity as i64,
     );
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(q)
         .arg(&*k_cache)
         .arg(&*v_cache)
@@ -369,4 +397,184 @@ pub fn attention(
     // the dynamic shared memory is 2*head_dim floats.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
+}
+
+/// As `SPLIT_THREADS`, `SPLIT_CHUNK` and `SPLIT_MAX_QUADS` in the kernel source.
+const SPLIT_THREADS: u32 = 256;
+const SPLIT_CHUNK: usize = 32;
+const SPLIT_MAX_HEAD_DIM: usize = 4 * 64;
+/// The instantiations of `attention_split_g<G>_f32` (exactly G heads per kv head) and
+/// `attention_split_upto<G>_f32` (up to G).
+const SPLIT_GROUPS: [usize; 4] = [4, 8, 12, 16];
+/// At most this many splits per (row, kv head) (the combine kernel keeps a weight per split in
+/// shared memory).
+const SPLIT_MAX: usize = 1024;
+
+/// How many position splits `attention_split` makes per (row, kv head): enough thread blocks
+/// for two per multiprocessor, but no split shorter than a chunk of the longest selection
+/// (`keep` blocks and a partial one: dense rows are shorter), so the count depends on the
+/// launch only (rows, capacity, keep), never on the position.
+pub fn split_count(
+    multiprocessors: usize,
+    rows: usize,
+    kv_heads: usize,
+    capacity: usize,
+    keep: usize,
+    block: usize,
+) -> usize {
+    let longest = ((keep + 1) * block).min(capacity).max(1);
+    let by_positions = longest.div_ceil(SPLIT_CHUNK);
+    let by_grid = (2 * multiprocessors).div_ceil((rows * kv_heads).max(1));
+    by_positions.min(by_grid).clamp(1, SPLIT_MAX)
+}
+
+/// `Attention` as [`attention`] (the same arguments, the same K/V appends, the same result within
+/// f32 rounding), split over positions for few rows (flash-decoding): one thread block per (row,
+/// kv head, split) attends every query head of its kv head over a contiguous range of the row's
+/// selected positions, so each K/V row is read once per step instead of once per query head,
+/// and the splits keep the whole GPU busy at one row; a second kernel combines the splits'
+/// partial softmax states (log-sum-exp rescaling). The split count is [`split_count`]; the
+/// partial states go to scratch `[rows, heads, splits, head_dim + 2]` f32.
+///
+/// Takes head_dim a multiple of 4 up to 256 and up to 16 query heads per kv head; other shapes
+/// are attended by [`attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    sel: &CudaSlice<i32>,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    keep: usize,
+    block: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let group = heads.checked_div(kv_heads).unwrap_or(0);
+    let taken = group > 0
+        && head_dim.is_multiple_of(4)
+        && head_dim <= SPLIT_MAX_HEAD_DIM
+        && capacity <= i32::MAX as usize;
+    let Some(g) = SPLIT_GROUPS.into_iter().find(|&g| taken && group <= g) else {
+        return attention(
+            gpu, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim, capacity,
+            keep, block,
+        );
+    };
+    let kernel = if g == group {
+        format!("attention_split_g{g}_f32")
+    } else {
+        format!("attention_split_upto{g}_f32")
+    };
+    append_kv(
+        gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
+        capacity, keep, block,
+    )?;
+    let multiprocessors = gpu
+        .ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| CudaError::driver("reading the multiprocessor count", None, e))?;
+    let splits = split_count(
+        multiprocessors.max(1) as usize,
+        rows,
+        kv_heads,
+        capacity,
+        keep,
+        block,
+    );
+    let partials = rows * heads * splits;
+    let mut part_acc = gpu.scratch::<f32>(partials * head_dim, &kernel)?;
+    let mut part_ml = gpu.scratch::<f32>(partials * 2, &kernel)?;
+    let (r64, h32, kv32, hd32, block32, keep32, cap64, splits32) = (
+        rows as i64,
+        heads as i32,
+        kv_heads as i32,
+        head_dim as i32,
+        block as i32,
+        keep as i32,
+        capacity as i64,
+        splits as i32,
+    );
+
+    let f = gpu.function(FILE, &kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            (rows * kv_heads * splits).min(i32::MAX as usize) as u32,
+            1,
+            1,
+        ),
+        block_dim: (SPLIT_THREADS, 1, 1),
+        shared_mem_bytes: (group * SPLIT_MAX_HEAD_DIM * 4) as u32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *part_acc)
+        .arg(&mut *part_ml)
+        .arg(q)
+        .arg(&*k_cache)
+        .arg(&*v_cache)
+        .arg(sel)
+        .arg(&r64)
+        .arg(&h32)
+        .arg(&kv32)
+        .arg(&hd32)
+        .arg(&block32)
+        .arg(&keep32)
+        .arg(&cap64)
+        .arg(&splits32);
+    // SAFETY: q holds rows*heads*head_dim floats, sel rows*(2+keep) ints, the caches capacity
+    // rows of kv_heads*head_dim (all checked by append_kv), part_acc rows*heads*splits*head_dim
+    // floats and part_ml rows*heads*splits pairs; the kernel reads only cache rows below the
+    // capacity; head_dim is a multiple of 4 (16-byte accesses of whole allocations) up to
+    // 4*SPLIT_MAX_QUADS, the group at most g; the dynamic shared memory is group rows of
+    // SPLIT_MAX_QUADS float4 (16 KiB at most).
+    launched(&kernel, unsafe { b.launch(cfg) })?;
+
+    let combine = "attention_split_combine_f32";
+    let f = gpu.function(FILE, combine)?;
+    let mut y = gpu.output::<f32>(q.len(), combine)?;
+    let cfg = LaunchConfig {
+        grid_dim: ((rows * heads).min(i32::MAX as usize) as u32, 1, 1),
+        block_dim: (SPLIT_THREADS, 1, 1),
+        shared_mem_bytes: (splits * 4) as u32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *y)
+        .arg(&*part_acc)
+        .arg(&*part_ml)
+        .arg(&r64)
+        .arg(&h32)
+        .arg(&hd32)
+        .arg(&splits32);
+    // SAFETY: y holds rows*heads*head_dim floats, part_acc and part_ml the partial states of
+    // rows*heads*splits (written by the launch above, in stream order); head_dim is a multiple
+    // of 4 up to 4*SPLIT_MAX_QUADS (16-byte accesses); the dynamic shared memory is splits
+    // floats.
+    launched(combine, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_count;
+
+    #[test]
+    fn split_counts_follow_the_launch_only() {
+        // Real geometry on an H200 (132 multiprocessors), 2051 positions at most: a decode row
+        // gets 65 splits of up to 32 positions (130 blocks), at any capacity from 4k to 256k.
+        assert_eq!(split_count(132, 1, 2, 4096, 512, 4), 65);
+        assert_eq!(split_count(132, 1, 2, 262_144, 512, 4), 65);
+        // More rows: about two blocks per multiprocessor.
+        assert_eq!(split_count(132, 8, 2, 262_144, 512, 4), 17);
+        assert_eq!(split_count(132, 64, 2, 262_144, 512, 4), 3);
+        // A short cache or a small budget: one split.
+        assert_eq!(split_count(132, 1, 2, 16, 0, 2), 1);
+        assert_eq!(split_count(132, 1, 2, 48, 2, 2), 1);
+        assert_eq!(split_count(132, 100_000, 2, 48, 2, 2), 1);
+    }
 }

@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{grid_for, launched, shape};
-use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 use crate::ops::gdn::GdnShape;
 
@@ -21,7 +21,7 @@ pub fn causal_conv(
     kernel: usize,
     dilation: usize,
     silu: bool,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let name = "causal_conv_reference_f32";
     shape(
         name,
@@ -48,12 +48,12 @@ pub fn causal_conv(
     )?;
     let f = gpu.function("gdn.cu", name)?;
     let n = rows * width;
-    let mut y = gpu.zeros::<f32>(n, name)?;
+    let mut y = gpu.output::<f32>(n, name)?;
     let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
     let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
     {
         let mut b = gpu.stream.launch_builder(&f);
-        b.arg(&mut y)
+        b.arg(&mut *y)
             .arg(x)
             .arg(&*window)
             .arg(w)
@@ -89,7 +89,7 @@ pub fn gdn_gates(
     dt_bias: &CudaSlice<f32>,
     rows: usize,
     heads: usize,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>), CudaError> {
+) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
     let name = "gdn_gates_reference_f32";
     shape(
         name,
@@ -111,12 +111,12 @@ pub fn gdn_gates(
     )?;
     let f = gpu.function("gdn.cu", name)?;
     let n = rows * heads;
-    let mut beta = gpu.zeros::<f32>(n, "gdn beta")?;
-    let mut g = gpu.zeros::<f32>(n, "gdn g")?;
+    let mut beta = gpu.output::<f32>(n, "gdn beta")?;
+    let mut g = gpu.output::<f32>(n, "gdn g")?;
     let (n64, h32) = (n as i64, heads as i32);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut beta)
-        .arg(&mut g)
+    b.arg(&mut *beta)
+        .arg(&mut *g)
         .arg(b_in)
         .arg(a)
         .arg(a_log)
@@ -138,7 +138,7 @@ pub fn gdn_recurrence(
     state: &mut CudaSlice<f32>,
     rows: usize,
     s: &GdnShape,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let name = "gdn_recurrence_reference_f32";
     // Must match GDN_COLS and GDN_MAX_THREADS in kernels/gdn.cu.
     const COLS: usize = 32;
@@ -175,7 +175,7 @@ pub fn gdn_recurrence(
         },
     )?;
     let f = gpu.function("gdn.cu", name)?;
-    let mut out = gpu.zeros::<f32>(rows * vh * dv, name)?;
+    let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
     let cfg = LaunchConfig {
         grid_dim: (vh as u32, dv.div_ceil(COLS) as u32, 1),
@@ -183,7 +183,7 @@ pub fn gdn_recurrence(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut out)
+    b.arg(&mut *out)
         .arg(&mut *state)
         .arg(qkv)
         .arg(beta)

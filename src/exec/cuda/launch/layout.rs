@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::arg_matrix;
 use super::{grid_for, launched, shape, DeviceMatrix};
-use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
 const FILE: &str = "layout.cu";
@@ -28,7 +28,7 @@ pub fn repeat_streams(
     x: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "repeat_streams_reference_f32";
     shape(
         kernel,
@@ -38,10 +38,10 @@ pub fn repeat_streams(
     let f = gpu.function(FILE, kernel)?;
     let h = x.len() / rows;
     let n = x.len() * streams;
-    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x).arg(&h64).arg(&s64).arg(&n64);
+    b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds n = rows*streams*h floats; x is read at t*h + c < rows*h.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
@@ -54,7 +54,7 @@ pub fn slice_cols(
     rows: usize,
     start: usize,
     len: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "slice_reference_f32";
     shape(
         kernel,
@@ -70,10 +70,15 @@ pub fn slice_cols(
     let f = gpu.function(FILE, kernel)?;
     let width = x.len() / rows;
     let n = rows * len;
-    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
     let (w64, s64, l64, n64) = (width as i64, start as i64, len as i64, n as i64);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x).arg(&w64).arg(&s64).arg(&l64).arg(&n64);
+    b.arg(&mut *y)
+        .arg(x)
+        .arg(&w64)
+        .arg(&s64)
+        .arg(&l64)
+        .arg(&n64);
     // SAFETY: y holds rows*len floats; x is read at t*width + start + c with start + c < width.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
@@ -86,7 +91,7 @@ pub fn stream_mean(
     x: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "stream_mean_reference_f32";
     shape(
         kernel,
@@ -100,10 +105,10 @@ pub fn stream_mean(
     let f = gpu.function(FILE, kernel)?;
     let h = x.len() / rows / streams;
     let n = rows * h;
-    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x).arg(&h64).arg(&s64).arg(&n64);
+    b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds rows*h floats; x is read below rows*streams*h == x.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
@@ -118,7 +123,7 @@ pub fn hc_write(
     y: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "hc_write_reference_f32";
     let ok_h = rows > 0
         && streams > 0
@@ -140,10 +145,10 @@ pub fn hc_write(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let n = h.len();
-    let mut out = gpu.zeros::<f32>(n, kernel)?;
+    let mut out = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (hid as i64, streams as i64, n as i64);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut out)
+    b.arg(&mut *out)
         .arg(h)
         .arg(inj)
         .arg(y)
@@ -157,7 +162,7 @@ pub fn hc_write(
 }
 
 /// The last row of `x [rows, width]`, as `[1, width]` (a device-to-device copy; no kernel).
-pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<CudaSlice<f32>, CudaError> {
+pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, CudaError> {
     let kernel = "last_row";
     shape(
         kernel,
@@ -165,9 +170,9 @@ pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<CudaSlice<
         || format!("x {} values in {rows} rows", x.len()),
     )?;
     let width = x.len() / rows;
-    let mut y = gpu.zeros::<f32>(width, kernel)?;
+    let mut y = gpu.output::<f32>(width, kernel)?;
     gpu.stream
-        .memcpy_dtod(&x.slice((rows - 1) * width..), &mut y)
+        .memcpy_dtod(&x.slice((rows - 1) * width..), &mut *y)
         .map_err(|e| CudaError::driver("copying last_row", None, e))?;
     Ok(y)
 }
@@ -181,7 +186,7 @@ pub fn split_q_gate(
     rows: usize,
     heads: usize,
     head_dim: usize,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>), CudaError> {
+) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
     let kernel = "split_q_gate_reference_f32";
     shape(
         kernel,
@@ -195,14 +200,26 @@ pub fn split_q_gate(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let n = rows * heads * head_dim;
-    let mut q = gpu.zeros::<f32>(n, kernel)?;
-    let mut gate = gpu.zeros::<f32>(n, kernel)?;
+    let mut q = gpu.output::<f32>(n, kernel)?;
+    let mut gate = gpu.output::<f32>(n, kernel)?;
     let (hd64, n64) = (head_dim as i64, n as i64);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut q).arg(&mut gate).arg(qg).arg(&hd64).arg(&n64);
+    b.arg(&mut *q).arg(&mut *gate).arg(qg).arg(&hd64).arg(&n64);
     // SAFETY: q and gate hold n floats; qg is read below (n/hd)*2*hd == qg.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok((q, gate))
+}
+
+/// Up to this many rows, the hyper-connection projections give each dot product a whole block.
+const FEW_ROWS: usize = 8;
+
+/// A block of 256 threads per output (grid-strided past the grid limit).
+fn block_grid(outputs: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (outputs.clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The fused hyper-connection read chain (`ops::hyper::hc_mix`): for each row of
@@ -216,11 +233,16 @@ pub fn hc_mix(
     up: &DeviceMatrix,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
-    let (act_kernel, kernel) = match down {
-        DeviceMatrix::F32(_) => ("hc_mix_act_f32", "hc_mix_gate_f32"),
-        DeviceMatrix::Bf16(_) => ("hc_mix_act_bf16", "hc_mix_gate_bf16"),
-    };
+) -> Result<Buf<f32>, CudaError> {
+    // A few rows: a block per activation, so that the rank x width matrix has enough loads in
+    // flight; many rows: a warp per activation.
+    let act_name = down.kernel(if rows <= FEW_ROWS {
+        "hc_mix_act_block"
+    } else {
+        "hc_mix_act_warp"
+    });
+    let gate_name = down.kernel("hc_mix_gate");
+    let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
     shape(
         kernel,
         matches!(
@@ -253,8 +275,8 @@ pub fn hc_mix(
         },
     )?;
     let hid = width / streams;
-    let mut act = gpu.zeros::<f32>(rows * rank, act_kernel)?;
-    let mut y = gpu.zeros::<f32>(rows * hid, kernel)?;
+    let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
+    let mut y = gpu.output::<f32>(rows * hid, kernel)?;
     let (r64, s64, w64, h64, k64) = (
         rows as i64,
         streams as i64,
@@ -270,14 +292,19 @@ pub fn hc_mix(
     };
     let f = gpu.function(FILE, act_kernel)?;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut act).arg(hn);
+    b.arg(&mut *act).arg(hn);
     arg_matrix(&mut b, down);
     b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
+    let act_grid = if rows <= FEW_ROWS {
+        block_grid(rows * rank)
+    } else {
+        warps_grid(rows * rank)
+    };
     // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
-    launched(act_kernel, unsafe { b.launch(warps_grid(rows * rank)) })?;
+    launched(act_kernel, unsafe { b.launch(act_grid) })?;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(hn).arg(&act);
+    b.arg(&mut *y).arg(hn).arg(&*act);
     arg_matrix(&mut b, up);
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
     // SAFETY: up is width*rank, act rows*rank, y rows*hid; same stream, so act is complete.
@@ -293,8 +320,12 @@ pub fn hc_inject(
     w: &DeviceMatrix,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
-    let kernel_name = w.kernel("hc_inject_reference");
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = w.kernel(if rows <= FEW_ROWS {
+        "hc_inject_block"
+    } else {
+        "hc_inject_warp"
+    });
     let kernel = kernel_name.as_str();
     let width = hn.len().checked_div(rows).unwrap_or(0);
     shape(
@@ -315,16 +346,20 @@ pub fn hc_inject(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let outputs = rows * streams;
-    let mut y = gpu.zeros::<f32>(outputs, kernel)?;
+    let mut y = gpu.output::<f32>(outputs, kernel)?;
     let (r64, s64, w64) = (rows as i64, streams as i64, width as i64);
     const WARPS: usize = 8;
-    let cfg = LaunchConfig {
-        grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
+    let cfg = if rows <= FEW_ROWS {
+        block_grid(outputs)
+    } else {
+        LaunchConfig {
+            grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        }
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(hn);
+    b.arg(&mut *y).arg(hn);
     arg_matrix(&mut b, w);
     b.arg(&r64).arg(&s64).arg(&w64);
     // SAFETY: hn is rows*width, w streams*width, y rows*streams, all checked above.
@@ -343,7 +378,7 @@ pub fn swiglu(
     rows: usize,
     k: usize,
     n: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel_name = wg.kernel("swiglu_linear_reference");
     let kernel = kernel_name.as_str();
     shape(
@@ -368,7 +403,7 @@ pub fn swiglu(
         },
     )?;
     let f = gpu.function(FILE, kernel)?;
-    let mut y = gpu.zeros::<f32>(rows * n, kernel)?;
+    let mut y = gpu.output::<f32>(rows * n, kernel)?;
     let (t64, k64, n64) = (rows as i64, k as i64, n as i64);
     const WARPS: usize = 8;
     let cfg = LaunchConfig {
@@ -377,7 +412,7 @@ pub fn swiglu(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x);
+    b.arg(&mut *y).arg(x);
     match (wg, wu) {
         (DeviceMatrix::F32(g), DeviceMatrix::F32(u)) => b.arg(g).arg(u),
         (DeviceMatrix::Bf16(g), DeviceMatrix::Bf16(u)) => b.arg(g).arg(u),
@@ -401,7 +436,7 @@ pub fn gated_rms_norm(
     head_dim: usize,
     sigmoid: bool,
     eps: f32,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "gated_rms_norm_reference_f32";
     shape(
         kernel,
@@ -422,7 +457,7 @@ pub fn gated_rms_norm(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let groups = x.len() / head_dim;
-    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let mut y = gpu.output::<f32>(x.len(), kernel)?;
     let (g64, hd64, wl64, sig) = (
         groups as i64,
         head_dim as i64,
@@ -435,7 +470,7 @@ pub fn gated_rms_norm(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(x)
         .arg(gate)
         .arg(w)
@@ -460,7 +495,7 @@ pub fn ple_gate(
     value: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "ple_gate_reference_f32";
     let ok_key = rows > 0
         && streams > 0
@@ -486,7 +521,7 @@ pub fn ple_gate(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let groups = rows * streams;
-    let mut y = gpu.zeros::<f32>(key.len(), kernel)?;
+    let mut y = gpu.output::<f32>(key.len(), kernel)?;
     let (r64, s64, h64) = (rows as i64, streams as i64, h as i64);
     let cfg = LaunchConfig {
         grid_dim: (groups.min(MAX_BLOCKS) as u32, 1, 1),
@@ -494,7 +529,7 @@ pub fn ple_gate(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(key)
         .arg(query)
         .arg(value)

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::device::Gpu;
+use super::device::{Buf, Gpu};
 use super::error::CudaError;
 
 pub mod attention;
@@ -43,53 +43,44 @@ fn launched(
 }
 
 /// Elementwise ops with one input: `silu`, `sigmoid`.
-pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
+pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
     let kernel = format!("{op}_reference_f32");
     let f = gpu.function("elementwise.cu", &kernel)?;
     let n = x.len();
-    let mut y = gpu.zeros::<f32>(n, &kernel)?;
+    let mut y = gpu.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x).arg(&n64);
+    b.arg(&mut *y).arg(x).arg(&n64);
     // SAFETY: the kernel reads n floats of x and writes n floats of y, both n long.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
 }
 
 /// `div_by` or `mul_by` a scalar.
-pub fn scalar(
-    gpu: &Gpu,
-    op: &str,
-    x: &CudaSlice<f32>,
-    by: f32,
-) -> Result<CudaSlice<f32>, CudaError> {
+pub fn scalar(gpu: &Gpu, op: &str, x: &CudaSlice<f32>, by: f32) -> Result<Buf<f32>, CudaError> {
     let kernel = format!("{op}_reference_f32");
     let f = gpu.function("elementwise.cu", &kernel)?;
     let n = x.len();
-    let mut y = gpu.zeros::<f32>(n, &kernel)?;
+    let mut y = gpu.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x).arg(&by).arg(&n64);
+    b.arg(&mut *y).arg(x).arg(&by).arg(&n64);
     // SAFETY: as `unary`.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
 }
 
-pub fn add(
-    gpu: &Gpu,
-    a: &CudaSlice<f32>,
-    b_in: &CudaSlice<f32>,
-) -> Result<CudaSlice<f32>, CudaError> {
+pub fn add(gpu: &Gpu, a: &CudaSlice<f32>, b_in: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
     let kernel = "add_reference_f32";
     shape(kernel, a.len() == b_in.len(), || {
         format!("lengths {} and {}", a.len(), b_in.len())
     })?;
     let f = gpu.function("elementwise.cu", kernel)?;
     let n = a.len();
-    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
     let n64 = n as i64;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(a).arg(b_in).arg(&n64);
+    b.arg(&mut *y).arg(a).arg(b_in).arg(&n64);
     // SAFETY: all three buffers hold n floats.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
@@ -101,7 +92,7 @@ pub fn mul(
     a: &CudaSlice<f32>,
     b_in: &CudaSlice<f32>,
     rows: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "mul_reference_f32";
     shape(
         kernel,
@@ -112,10 +103,10 @@ pub fn mul(
     let n = a.len();
     let width = (n / rows) as i64;
     let b_width = (b_in.len() / rows) as i64;
-    let mut y = gpu.zeros::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
     let n64 = n as i64;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(a)
         .arg(b_in)
         .arg(&width)
@@ -134,7 +125,7 @@ pub fn rms_norm(
     group: usize,
     unit_offset: bool,
     eps: f32,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel = "rms_norm_reference_f32";
     shape(
         kernel,
@@ -146,7 +137,7 @@ pub fn rms_norm(
     )?;
     let f = gpu.function("norm.cu", kernel)?;
     let groups = (x.len() / group) as i64;
-    let mut y = gpu.zeros::<f32>(x.len(), kernel)?;
+    let mut y = gpu.output::<f32>(x.len(), kernel)?;
     let (g32, wl, uo) = (group as i32, w.len() as i32, unit_offset as i32);
     let threads = if group >= 1024 {
         1024
@@ -159,7 +150,7 @@ pub fn rms_norm(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y)
+    b.arg(&mut *y)
         .arg(x)
         .arg(w)
         .arg(&groups)
@@ -215,7 +206,7 @@ pub fn linear_rows(
     tokens: usize,
     k: usize,
     n: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel_name = w.kernel("linear_rows");
     let kernel = kernel_name.as_str();
     shape(
@@ -230,7 +221,7 @@ pub fn linear_rows(
         },
     )?;
     let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.zeros::<f32>(tokens * n, kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
     let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
     const WARPS: usize = 8;
     let cfg = LaunchConfig {
@@ -239,7 +230,7 @@ pub fn linear_rows(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x);
+    b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t32).arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
@@ -256,7 +247,7 @@ pub fn linear_tiled(
     tokens: usize,
     k: usize,
     n: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel_name = w.kernel("linear_tiled");
     let kernel = kernel_name.as_str();
     shape(
@@ -276,7 +267,7 @@ pub fn linear_tiled(
         || format!("{tokens}x{n} is too large a grid"),
     )?;
     let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.zeros::<f32>(tokens * n, kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
     let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
     let cfg = LaunchConfig {
         grid_dim: (n.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1),
@@ -284,7 +275,7 @@ pub fn linear_tiled(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(x);
+    b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t64).arg(&k64).arg(&n64);
     // SAFETY: shapes checked above; every load and store is bounds-checked in the kernel.
@@ -298,7 +289,7 @@ pub fn embed(
     ids: &CudaSlice<i64>,
     table: &DeviceMatrix,
     d: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let kernel_name = table.kernel("embed_reference");
     let kernel = kernel_name.as_str();
     shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
@@ -306,7 +297,7 @@ pub fn embed(
     })?;
     let f = gpu.function("embed.cu", kernel)?;
     let count = ids.len();
-    let mut y = gpu.zeros::<f32>(count * d, kernel)?;
+    let mut y = gpu.output::<f32>(count * d, kernel)?;
     let (c64, d64) = (count as i64, d as i64);
     let cfg = LaunchConfig {
         grid_dim: (count.clamp(1, 65_535) as u32, 1, 1),
@@ -314,7 +305,7 @@ pub fn embed(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(ids);
+    b.arg(&mut *y).arg(ids);
     arg_matrix(&mut b, table);
     b.arg(&c64).arg(&d64);
     // SAFETY: ids are in range (checked by callers: tokens by the session, n-gram ids by
@@ -348,4 +339,20 @@ pub fn fill_uniform(
     b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
     // SAFETY: the kernel writes exactly n elements of `out`.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })
+}
+
+/// Keeps the GPU busy for `ns` nanoseconds (one thread spinning on the global timer): profiling
+/// queues a whole step behind it, so that its events time kernels and not the host's launches.
+pub fn hold_gpu(gpu: &Gpu, ns: i64) -> Result<(), CudaError> {
+    let kernel = "hold_gpu";
+    let f = gpu.function("timing.cu", kernel)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&ns);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel touches no memory.
+    launched(kernel, unsafe { b.launch(cfg) })
 }

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::arg_matrix;
 use super::{launched, shape, DeviceMatrix};
-use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
 /// The largest `top_k` the router kernel keeps (`ROUTER_MAX_TOPK` in `kernels/moe.cu`).
@@ -26,7 +26,7 @@ pub fn moe_router(
     experts: usize,
     top_k: usize,
     normalize: bool,
-) -> Result<(CudaSlice<i64>, CudaSlice<f32>), CudaError> {
+) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
     let kernel = "moe_router_reference_f32";
     let shared = experts * (std::mem::size_of::<f32>() + 1);
     shape(
@@ -48,8 +48,8 @@ pub fn moe_router(
         format!("{experts} experts need {shared} bytes of shared memory, more than {SHARED_LIMIT}")
     })?;
     let f = gpu.function("moe.cu", kernel)?;
-    let mut ids = gpu.zeros::<i64>(rows * top_k, "router ids")?;
-    let mut weights = gpu.zeros::<f32>(rows * top_k, "router weights")?;
+    let mut ids = gpu.output::<i64>(rows * top_k, "router ids")?;
+    let mut weights = gpu.output::<f32>(rows * top_k, "router weights")?;
     let (r64, e32, k32, n32) = (rows as i64, experts as i32, top_k as i32, normalize as i32);
     let cfg = LaunchConfig {
         grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
@@ -57,8 +57,8 @@ pub fn moe_router(
         shared_mem_bytes: shared as u32,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut ids)
-        .arg(&mut weights)
+    b.arg(&mut *ids)
+        .arg(&mut *weights)
         .arg(logits)
         .arg(&r64)
         .arg(&e32)
@@ -89,7 +89,7 @@ pub fn moe_experts(
     top_k: usize,
     hidden: usize,
     intermediate: usize,
-) -> Result<CudaSlice<f32>, CudaError> {
+) -> Result<Buf<f32>, CudaError> {
     let (gu_name, down_name) = (
         gate_up.kernel("moe_experts_gate_up"),
         down.kernel("moe_experts_down"),
@@ -148,7 +148,7 @@ pub fn moe_experts(
     let block_dim = ((EXPERT_WARPS * 32) as u32, 1, 1);
 
     let f = gpu.function("moe.cu", gu_kernel)?;
-    let mut act = gpu.zeros::<f32>(slots * intermediate, "expert activations")?;
+    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
     let cfg = LaunchConfig {
         grid_dim: (
             intermediate.div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
@@ -159,7 +159,7 @@ pub fn moe_experts(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut act).arg(x).arg(ids);
+    b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
     b.arg(&s64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
     // SAFETY: the shapes were checked above; ids outside [0, experts) are not dereferenced; act
@@ -168,7 +168,7 @@ pub fn moe_experts(
     launched(gu_kernel, unsafe { b.launch(cfg) })?;
 
     let f = gpu.function("moe.cu", down_kernel)?;
-    let mut y = gpu.zeros::<f32>(rows * hidden, down_kernel)?;
+    let mut y = gpu.output::<f32>(rows * hidden, down_kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (
             hidden.div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
@@ -179,7 +179,7 @@ pub fn moe_experts(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut y).arg(&act).arg(ids).arg(w);
+    b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
     arg_matrix(&mut b, down);
     b.arg(&t64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
     // SAFETY: as above; act was written by the previous launch on the same stream, and y holds
@@ -204,7 +204,7 @@ pub fn ple_ngram_ids(
     multipliers: &CudaSlice<i64>,
     sizes: &CudaSlice<i64>,
     offsets: &CudaSlice<i64>,
-) -> Result<CudaSlice<i64>, CudaError> {
+) -> Result<Buf<i64>, CudaError> {
     let kernel = "ple_ngram_ids_reference_i64";
     shape(
         kernel,
@@ -236,7 +236,7 @@ pub fn ple_ngram_ids(
         },
     )?;
     let f = gpu.function("moe.cu", kernel)?;
-    let mut ids = gpu.zeros::<i64>(rows * heads, "n-gram ids")?;
+    let mut ids = gpu.output::<i64>(rows * heads, "n-gram ids")?;
     let (r64, n32, h32) = (rows as i64, ngram as i32, heads_per_ngram as i32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
@@ -244,7 +244,7 @@ pub fn ple_ngram_ids(
         shared_mem_bytes: (ctx * std::mem::size_of::<i64>()) as u32,
     };
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut ids)
+    b.arg(&mut *ids)
         .arg(history)
         .arg(tokens)
         .arg(&r64)

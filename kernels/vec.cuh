@@ -1,0 +1,105 @@
+// Vector loads of weights and activations, and dot products built on them, for the kernels that
+// stream a weight matrix once per step (linear.cu, layout.cu). Included after common.cuh.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+// Weight loads: N consecutive weights as f32, chunk i (weights i*N .. i*N+N-1), one 16-byte load
+// through the read-only path (weights never change during a step).
+template <typename W>
+struct WeightVec;
+
+template <>
+struct WeightVec<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ float one(const float* w, long i) { return w[i]; }
+    static __device__ __forceinline__ void chunk(const float* w, long i, float* out) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(w) + i);
+        out[0] = v.x;
+        out[1] = v.y;
+        out[2] = v.z;
+        out[3] = v.w;
+    }
+};
+
+template <>
+struct WeightVec<bf16_t> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ float one(const bf16_t* w, long i) { return bf16_to_f32(w[i]); }
+    static __device__ __forceinline__ void chunk(const bf16_t* w, long i, float* out) {
+        const uint4 p = __ldg(reinterpret_cast<const uint4*>(w) + i);
+        const unsigned int words[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            out[2 * j] = __uint_as_float(words[j] << 16);
+            out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        }
+    }
+};
+
+// N consecutive f32 activations, chunk i, as N/4 16-byte loads.
+template <int N>
+__device__ __forceinline__ void act_chunk(const float* a, long i, float* out) {
+    const float4* a4 = reinterpret_cast<const float4*>(a + i * N);
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+        const float4 v = a4[j];
+        out[4 * j] = v.x;
+        out[4 * j + 1] = v.y;
+        out[4 * j + 2] = v.z;
+        out[4 * j + 3] = v.w;
+    }
+}
+
+// Weight chunks a thread has in flight at once: a matrix-vector product is bound by how many
+// bytes are in flight, and one load per loop iteration leaves most of the bandwidth idle.
+#define LOADS_IN_FLIGHT 4
+
+// This thread's share of a·w over n values: chunks first, first + stride, ... (to be reduced
+// over the `stride` threads that share the dot product).
+template <typename W>
+__device__ __forceinline__ float strided_dot(const float* a, const W* w, long n, long first, long stride) {
+    constexpr int N = WeightVec<W>::N;
+    float acc = 0.0f;
+    if (n % N == 0 && aligned16(a) && aligned16(w)) {
+        const long chunks = n / N;
+        long i = first;
+        for (; i + (LOADS_IN_FLIGHT - 1) * stride < chunks; i += LOADS_IN_FLIGHT * stride) {
+            float wv[LOADS_IN_FLIGHT][N];
+#pragma unroll
+            for (int u = 0; u < LOADS_IN_FLIGHT; u++) WeightVec<W>::chunk(w, i + u * stride, wv[u]);
+#pragma unroll
+            for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
+                float av[N];
+                act_chunk<N>(a, i + u * stride, av);
+#pragma unroll
+                for (int j = 0; j < N; j++) acc += av[j] * wv[u][j];
+            }
+        }
+        for (; i < chunks; i += stride) {
+            float wv[N], av[N];
+            WeightVec<W>::chunk(w, i, wv);
+            act_chunk<N>(a, i, av);
+#pragma unroll
+            for (int j = 0; j < N; j++) acc += av[j] * wv[j];
+        }
+    } else {
+        for (long i = first; i < n; i += stride) acc += a[i] * WeightVec<W>::one(w, i);
+    }
+    return acc;
+}
+
+// One lane's share of a·w (to be reduced with warp_sum).
+template <typename W>
+__device__ __forceinline__ float lane_dot(const float* a, const W* w, long n, int lane) {
+    return strided_dot(a, w, n, lane, 32);
+}
+
+// a·w over the whole block (a multiple of 32 threads); every thread gets the sum.
+template <typename W>
+__device__ __forceinline__ float block_dot(const float* a, const W* w, long n) {
+    return block_sum(strided_dot(a, w, n, threadIdx.x, blockDim.x));
+}
