@@ -72,210 +72,577 @@ extern "C" __global__ void append_rows_f32(float* dst, const float* src, const l
 }
 
 // ---------------------------------------------------------------------------------------------
-// Indexer: pooled block keys (`ops::indexer::pool_blocks`).
+// Indexer (`ops::indexer`): three launches per step, each spread over the GPU even at one row.
 //
-// The blocks completed by this step are start/block .. (start+rows)/block, at most
-// ceil(rows/block) of them: one thread block per slot, slot j → block start/block + j.
-// key = rope(rms_norm(mean of the block's raw keys; 1 + w, eps); position block*blocksize).
-// Dynamic shared memory: head_dim floats.
-extern "C" __global__ void indexer_select_pool_f32(float* pooled, const float* raw, const float* w,
-                                                   const long long* step, long rows, int head_dim, int rot, int block,
-                                                   float eps, double theta, long pooled_capacity) {
+//  1. indexer_select_prep_f32: appends the step's raw keys, pools the blocks the step completes
+//     (one thread block each) and zeroes the per-row counters of launches 2 and 3.
+//  2. indexer_select_score_f32: the score of every complete block for every sparse row, stored
+//     as its order key (below), and a per-row histogram of the keys' top IDX_HBITS bits.
+//  3. indexer_select_topk_f32: one thread block per (chunk of IDX_CHUNK scores, row). Each finds
+//     from the histogram the bin d1 of the keep-th largest key, marks its chunk's keys above d1
+//     in a bitmap and gathers the keys in d1 (the candidates); the row's last chunk to finish
+//     settles the candidates (two 10-bit radix passes) and compacts the bitmap, ascending, into
+//     the selection.
+//
+// The order: the reference sorts by score descending (IEEE total order) then block ascending.
+// A score's order key is its total-order bits mapped to an unsigned int that grows with the
+// score (idx_ord), so the kept blocks are those whose key exceeds the keep-th largest key T,
+// then among the blocks whose key is T the lowest ones, as many as are still wanted.
+//
+// Work buffer: one u32 scratch per launch of `indexer_select` (src/exec/cuda/launch/attention.rs
+// `indexer_work_len` allocates it), nb = capacity/block blocks, nw = ceil(nb/32) words:
+//   zero  [rows, IDX_ZSTRIDE]  per row IDX_HBINS histogram counts, the candidate count, the count
+//                              of finished chunks (zeroed by launch 1)
+//   ords  [rows, nb]           the order keys of the scores
+//   list  [rows, IDX_LIST]     uint2 {key, block}: the candidates, when at most IDX_LIST
+//   above [rows, nw]           bitmap: kept for sure (written whole by launch 3)
+//   ties  [rows, nw]           bitmap: key == T (zero, then set by the row's last chunk)
+
+#define IDX_HBITS 12
+#define IDX_HBINS 4096
+#define IDX_ZSTRIDE (IDX_HBINS + 4)
+#define IDX_LIST 4096
+#define IDX_FBINS 1024
+#define IDX_TILE 32
+#define IDX_CHAIN 4
+#define IDX_THREADS 256
+#define IDX_CHUNK 2048
+#define IDX_RUN 8
+
+struct IdxWork {
+    unsigned int* zero;
+    unsigned int* ords;
+    uint2* list;
+    unsigned int* above;
+    unsigned int* ties;
+};
+
+__device__ __forceinline__ IdxWork idx_work(unsigned int* base, long rows, long nb) {
+    const long nw = (nb + 31) / 32;
+    IdxWork w;
+    w.zero = base;
+    base += rows * IDX_ZSTRIDE;
+    w.ords = base;
+    base += rows * nb + ((rows * nb) & 1);  // the list is 8-byte aligned
+    w.list = (uint2*)base;
+    base += rows * IDX_LIST * 2;
+    w.above = base;
+    base += rows * nw;
+    w.ties = base;
+    return w;
+}
+
+__device__ __forceinline__ void idx_prefetch_l1(const float* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+__device__ __forceinline__ unsigned int idx_ord(float score) {
+    const unsigned int bits = __float_as_uint(score);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Indexer 1: raw keys, pooled block keys (`ops::indexer::pool_blocks`), zeroed counters.
+//
+// Thread blocks [0, slots): the blocks completed by this step are start/block ..
+// (start+rows)/block, at most slots = ceil(rows/block) of them: slot j → block start/block + j.
+// key = rope(rms_norm(mean of the block's raw keys; 1 + w, eps); position block*blocksize); the
+// block's raw rows of this step are read from k_raw (they are appended by the same launch).
+// Thread blocks from `slots` on: append k_raw to rows [start, start+rows) of raw_keys and zero
+// the `zero` region of the work buffer. Dynamic shared memory: 3 * head_dim floats (the key,
+// the cos and sin of each channel's angle).
+extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* pooled, unsigned int* work,
+                                                   const float* k_raw, const float* w, const long long* step, long rows,
+                                                   int head_dim, int rot, int block, float eps, double theta, long nb,
+                                                   long capacity, long slots) {
     extern __shared__ float key[];
     __shared__ float inv_shared;
     const long long start = step[0];
-    const long long first = start / block, end = (start + rows) / block;
-    const long slots = (rows + block - 1) / block;
-    for (long slot = blockIdx.x; slot < slots; slot += gridDim.x) {
-        const long long b = first + slot;
-        if (b >= end || b >= pooled_capacity) return;  // uniform over the thread block
-        // Mean: `m += v` over the block's rows in order, then `m /= block`.
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            float m = 0.0f;
-            for (int o = 0; o < block; o++) m = __fadd_rn(m, raw[(b * block + o) * head_dim + c]);
-            key[c] = __fdiv_rn(m, (float)block);
-        }
-        __syncthreads();
-        // RMS norm: the sum of squares in channel order, as the reference's iterator sum.
-        if (threadIdx.x == 0) {
-            float ss = 0.0f;
-            for (int c = 0; c < head_dim; c++) ss = __fadd_rn(ss, __fmul_rn(key[c], key[c]));
-            const float ms = __fdiv_rn(ss, (float)head_dim);
-            inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-        }
-        __syncthreads();
-        const float inv = inv_shared;
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            key[c] = __fmul_rn(__fmul_rn(key[c], inv), __fadd_rn(1.0f, w[c]));
-        }
-        __syncthreads();
-        const int half = rot >> 1;
-        float* out = pooled + b * head_dim;
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            if (c >= rot) {
-                out[c] = key[c];
+    if (blockIdx.x >= slots) {
+        const long zero_n = rows * IDX_ZSTRIDE, n = zero_n + rows * head_dim;
+        const long stride = (long)(gridDim.x - slots) * blockDim.x;
+        for (long i = (long)(blockIdx.x - slots) * blockDim.x + threadIdx.x; i < n; i += stride) {
+            if (i < zero_n) {
+                work[i] = 0u;
             } else {
-                float cs, sn;
-                rope_angle(b * block, c < half ? c : c - half, rot, theta, &cs, &sn);
-                out[c] = rope_channel(key, c, rot, cs, sn);
+                const long e = i - zero_n;
+                const long long r = start + e / head_dim;
+                if (r >= 0 && r < capacity) raw_keys[r * head_dim + e % head_dim] = k_raw[e];
             }
         }
-        __syncthreads();  // `key` is reused by the next slot
+        return;
+    }
+    const long long b = start / block + blockIdx.x;
+    if (b >= (start + rows) / block || b >= nb) return;  // uniform over the thread block
+    float* angle_c = key + head_dim;
+    float* angle_s = angle_c + head_dim;
+    const int half = rot >> 1;
+    // Mean: `m += v` over the block's rows in order, then `m /= block`. The first 8 rows' values
+    // are loaded before the channel's RoPE angle is computed, so the loads and the angle overlap.
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int o = 0; o < 8; o++) {
+            const long long r = b * block + o;
+            v[o] = o >= block ? 0.0f : r >= start ? k_raw[(r - start) * head_dim + c] : raw_keys[r * head_dim + c];
+        }
+        float cs = 1.0f, sn = 0.0f;
+        if (c < rot) rope_angle(b * block, c < half ? c : c - half, rot, theta, &cs, &sn);
+        angle_c[c] = cs;
+        angle_s[c] = sn;
+        float m = 0.0f;
+#pragma unroll
+        for (int o = 0; o < 8; o++) {
+            if (o < block) m = __fadd_rn(m, v[o]);
+        }
+        for (int o = 8; o < block; o++) {
+            const long long r = b * block + o;
+            m = __fadd_rn(m, r >= start ? k_raw[(r - start) * head_dim + c] : raw_keys[r * head_dim + c]);
+        }
+        key[c] = __fdiv_rn(m, (float)block);
+    }
+    __syncthreads();
+    // RMS norm: the sum of squares in channel order, as the reference's iterator sum.
+    if (threadIdx.x == 0) {
+        float ss = 0.0f;
+        for (int c = 0; c < head_dim; c++) ss = __fadd_rn(ss, __fmul_rn(key[c], key[c]));
+        const float ms = __fdiv_rn(ss, (float)head_dim);
+        inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    }
+    __syncthreads();
+    const float inv = inv_shared;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        key[c] = __fmul_rn(__fmul_rn(key[c], inv), __fadd_rn(1.0f, w[c]));
+    }
+    __syncthreads();
+    float* out = pooled + b * head_dim;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        out[c] = c >= rot ? key[c] : rope_channel(key, c, rot, angle_c[c], angle_s[c]);
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Indexer: block scores of the sparse rows (`ops::indexer::select`).
+// Lane `lane` of a score thread block: the dot products of pooled key `kb` (a tile row) with head
+// h of rows tg .. tg+R-1 of q (R chains of head_dim adds, interleaved), max(·, 0) into
+// part[(r * heads + h) * IDX_TILE + lane] (0 for a lane past the tile's n keys).
+template <int R>
+__device__ __forceinline__ void idx_dots(float* part, const float* kb, const float* q, long tg, int heads, int h,
+                                         int head_dim, int lane, int n) {
+    float dot[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) dot[r] = 0.0f;
+    if (lane < n) {
+        const float* qh[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) qh[r] = q + ((tg + r) * heads + h) * (long)head_dim;
+#pragma unroll 8
+        for (int d = 0; d < head_dim; d++) {
+            const float k = kb[d];
+#pragma unroll
+            for (int r = 0; r < R; r++) dot[r] = __fadd_rn(dot[r], __fmul_rn(__ldg(qh[r] + d), k));
+        }
+    }
+    // f32::max(dot, 0.0): NaN counts as 0.
+#pragma unroll
+    for (int r = 0; r < R; r++) part[(r * heads + h) * IDX_TILE + lane] = dot[r] > 0.0f ? dot[r] : 0.0f;
+}
+
+// Indexer 2: block scores of the sparse rows (`ops::indexer::select`).
 //
 // score[t, b] = (Σ_h max(Σ_d q[t,h,d]·kb[d], 0)) / sqrt(head_dim), d ascending then h ascending,
-// products and sums rounded separately: bit for bit the reference. Written for b < complete(t)
-// of every sparse row t (complete(t) = (start+t+1)/block > keep); nothing else is written.
+// products and sums rounded separately: bit for bit the reference. Stored as idx_ord(score) for
+// b < complete(t) of every sparse row t (complete(t) = (start+t+1)/block > keep), and counted in
+// the row's histogram of key >> (32 - IDX_HBITS); nothing else is written.
 //
-// Each thread block holds a tile of `tile` pooled keys in shared memory (row pitch head_dim+1
-// against bank conflicts) and scores it against every row: the pooled keys are read once per
-// step. blockDim.x is a multiple of `tile`; thread i scores block i % tile for rows
-// i / tile, i / tile + blockDim.x / tile, ... Dynamic shared memory: tile * (head_dim + 1) floats.
-extern "C" __global__ void indexer_select_score_f32(float* scores, const float* q, const float* pooled,
+// grid (x: tiles of IDX_TILE pooled keys, strided; y: groups of rows_per_block rows, strided),
+// blockDim.x = 32 * warps. A thread block holds a tile in shared memory (row pitch head_dim+1:
+// lane = key, conflict-free) and scores it against its rows IDX_CHAIN at a time (2 or 1 for the
+// last rows): warp w takes heads w, w + warps, ...; lane k the dot products of key k with those
+// rows at once (idx_dots: one chain of head_dim adds per row, interleaved); then a thread per
+// (row, key) adds the heads in order. The tile is loaded once for all the group's rows.
+// Dynamic shared memory: (IDX_TILE * (head_dim+1) + IDX_CHAIN * heads * IDX_TILE) floats.
+extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const float* q, const float* pooled,
                                                     const long long* step, long rows, int heads, int head_dim,
-                                                    int block, int keep, long pooled_capacity, int tile) {
-    extern __shared__ float tile_keys[];
-    const long long start = step[0];
-    const long long max_complete = (start + rows) / block;  // the last row's complete blocks
+                                                    int block, int keep, long nb, int rows_per_block) {
+    extern __shared__ float smem[];
     const int pitch = head_dim + 1;
-    const int lane_block = threadIdx.x % tile, row_group = threadIdx.x / tile, row_groups = blockDim.x / tile;
+    float* tile = smem;
+    float* part = smem + IDX_TILE * pitch;  // [IDX_CHAIN][heads][IDX_TILE]
+    if (keep <= 0) return;                  // sparse rows keep no block: nothing to score
+    const IdxWork wk = idx_work(work, rows, nb);
+    const long long start = step[0];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const float sqrt_d = __fsqrt_rn((float)head_dim);
-    for (long b0 = (long)blockIdx.x * tile; b0 < pooled_capacity; b0 += (long)gridDim.x * tile) {
-        const long long filled = min(max_complete, (long long)pooled_capacity);
-        if (b0 >= filled) return;  // uniform over the thread block
-        const int n = (int)min((long long)tile, filled - b0);
-        __syncthreads();  // the previous tile may still be read
-        for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
-            tile_keys[(e / head_dim) * pitch + e % head_dim] = pooled[b0 * head_dim + e];
+    // The first sparse row: (start+t+1)/block > keep.
+    const long long first_sparse = (long long)(keep + 1) * block - 1 - start;
+    for (long t_lo = (long)blockIdx.y * rows_per_block; t_lo < rows; t_lo += (long)gridDim.y * rows_per_block) {
+        const long t_hi = min(rows, t_lo + (long)rows_per_block);
+        const long t0 = (long)max((long long)t_lo, first_sparse);
+        if (t0 >= t_hi) continue;  // uniform over the thread block
+        // The complete blocks of the group's last row, below the capacity.
+        const long long filled = min((start + t_hi) / block, (long long)nb);
+        if ((long long)blockIdx.x * IDX_TILE >= filled) continue;  // uniform over the thread block
+        // Warm L1 with the group's queries (a prefetch per 128-byte line) while the tile loads.
+        const long q_end = t_hi * heads * (long)head_dim;
+        for (long e = t0 * heads * (long)head_dim + threadIdx.x * 32l; e < q_end + 32; e += blockDim.x * 32l) {
+            idx_prefetch_l1(q + min(e, q_end - 1));
         }
-        __syncthreads();
-        if (lane_block >= n) continue;  // no barrier until the next tile
-        const long b = b0 + lane_block;
-        const float* kb = tile_keys + lane_block * pitch;
-        for (long t = row_group; t < rows; t += row_groups) {
-            const long long complete = (start + t + 1) / block;
-            if (complete <= keep || b >= complete) continue;
-            const float* qt = q + t * heads * head_dim;
-            float sum = 0.0f;
-            for (int h = 0; h < heads; h++) {
-                const float* qh = qt + h * head_dim;
-                float dot = 0.0f;
-                for (int d = 0; d < head_dim; d++) dot = __fadd_rn(dot, __fmul_rn(qh[d], kb[d]));
-                // f32::max(dot, 0.0): NaN counts as 0.
-                sum = __fadd_rn(sum, dot > 0.0f ? dot : 0.0f);
+        for (long long b0 = (long long)blockIdx.x * IDX_TILE; b0 < filled; b0 += (long long)gridDim.x * IDX_TILE) {
+            const int n = (int)min((long long)IDX_TILE, filled - b0);
+            __syncthreads();  // the previous tile and partial sums may still be read
+            const float* src = pooled + b0 * head_dim;
+            if ((head_dim & 3) == 0) {
+                const int n4 = n * head_dim / 4, hd4 = head_dim / 4;
+                const float4* src4 = (const float4*)src;
+                for (int base = threadIdx.x; base < n4; base += blockDim.x * 8) {
+                    float4 v[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int e = base + u * blockDim.x;
+                        v[u] = e < n4 ? __ldg(src4 + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int e = base + u * blockDim.x;
+                        if (e < n4) {
+                            const int k = e / hd4;
+                            float* dst = tile + k * pitch + (e - k * hd4) * 4;
+                            dst[0] = v[u].x;
+                            dst[1] = v[u].y;
+                            dst[2] = v[u].z;
+                            dst[3] = v[u].w;
+                        }
+                    }
+                }
+            } else {
+                for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
+                    tile[(e / head_dim) * pitch + e % head_dim] = __ldg(src + e);
+                }
             }
-            scores[t * pooled_capacity + b] = __fdiv_rn(sum, sqrt_d);
+            __syncthreads();
+            for (long tg = t0; tg < t_hi;) {
+                const long left = t_hi - tg;
+                const int chain = left >= IDX_CHAIN ? IDX_CHAIN : (left >= 2 ? 2 : 1);
+                for (int h = warp; h < heads; h += warps) {
+                    if (chain == IDX_CHAIN) {
+                        idx_dots<IDX_CHAIN>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                    } else if (chain == 2) {
+                        idx_dots<2>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                    } else {
+                        idx_dots<1>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                    }
+                }
+                __syncthreads();
+                // A warp takes one row (IDX_TILE == 32) and every warp the same number of turns.
+                for (int i = threadIdx.x; i < chain * IDX_TILE; i += blockDim.x) {
+                    const int r = i / IDX_TILE, k = i % IDX_TILE;
+                    const long t = tg + r;
+                    const long long b = b0 + k;
+                    unsigned int bin = IDX_HBINS;  // none
+                    if (k < n && b < (start + t + 1) / block) {
+                        float sum = 0.0f;
+                        for (int h = 0; h < heads; h++) sum = __fadd_rn(sum, part[(r * heads + h) * IDX_TILE + k]);
+                        const unsigned int o = idx_ord(__fdiv_rn(sum, sqrt_d));
+                        wk.ords[t * nb + b] = o;
+                        bin = o >> (32 - IDX_HBITS);
+                    }
+                    // One global atomic per distinct bin of the warp (scores crowd into few bins).
+                    const unsigned int same = __match_any_sync(0xffffffffu, bin);
+                    if (bin < IDX_HBINS && lane == __ffs(same) - 1) {
+                        atomicAdd(&wk.zero[t * IDX_ZSTRIDE + bin], (unsigned int)__popc(same));
+                    }
+                }
+                __syncthreads();  // the partial sums are rewritten by the next rows
+                tg += chain;
+            }
         }
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Indexer: the selection of each row (`ops::indexer::select`), one thread block per row.
-//
-// Dense row (complete <= keep): [visible, -1, -1...]. Sparse row: the top `keep` blocks under the
-// reference's order (score descending by IEEE total order, then lower block first), ascending:
-// [visible, keep, b0 < b1 < ...].
-//
-// Top-k without holding the candidates: every block gets a unique 64-bit key
-//   (total-order bits of its score) << 32 | (0xFFFFFFFF - block)
-// so that the reference's order is exactly descending key order. A most-significant-byte-first
-// radix select (at most 8 passes over the row's scores, each a 256-bin histogram of the keys that
-// share the bytes found so far) finds the keep-th largest key T; it stops early as soon as the
-// chosen bin holds exactly the number still wanted. Then one ordered pass emits the blocks with
-// key >= T in ascending order (a ballot prefix sum per chunk). Exactly `keep` blocks qualify.
-
-#define TOPK_THREADS 1024
-
-__device__ __forceinline__ unsigned long long select_key(float score, long b) {
-    const unsigned int bits = __float_as_uint(score);
-    const unsigned int ord = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-    return ((unsigned long long)ord << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)b);
+// Block-wide (blockDim.x == IDX_THREADS): thread i holds the counts c[0..PER) of bins
+// [i*PER, (i+1)*PER). Finds the bin holding the want-th largest item (bins counted from the top;
+// the items must number at least want) and writes {bin, items in higher bins, items in the bin}
+// to res for every thread.
+template <int PER>
+__device__ __forceinline__ void idx_find_bin(const unsigned int (&c)[PER], unsigned int want, unsigned int* res,
+                                             unsigned int* warp_sums) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned int s = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++) s += c[j];
+    unsigned int x = s;  // the sum over this lane and the lanes above it
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned int y = __shfl_down_sync(0xffffffffu, x, off);
+        if (lane + off < 32) x += y;
+    }
+    if (lane == 0) warp_sums[warp] = x;
+    __syncthreads();
+    unsigned int above = x - s;
+    for (int w2 = warp + 1; w2 < IDX_THREADS / 32; w2++) above += warp_sums[w2];
+    if (above < want && above + s >= want) {
+#pragma unroll
+        for (int j = PER - 1; j >= 0; j--) {
+            if (above + c[j] >= want) {
+                res[0] = threadIdx.x * PER + j;
+                res[1] = above;
+                res[2] = c[j];
+                break;
+            }
+            above += c[j];
+        }
+    }
+    __syncthreads();
 }
 
-extern "C" __global__ void indexer_select_topk_f32(int* sel, const float* scores, const long long* step, long rows,
-                                                   int block, int keep, long pooled_capacity) {
-    __shared__ unsigned int hist[256];
-    __shared__ unsigned long long prefix_shared;
-    __shared__ unsigned int want_shared;
-    __shared__ int done_shared;
-    __shared__ unsigned int warp_counts[TOPK_THREADS / 32];
+// Block-wide (blockDim.x == IDX_THREADS) exclusive prefix sums of two counts, in thread order.
+__device__ __forceinline__ void idx_prefix2(unsigned int a, unsigned int b, unsigned int* pa, unsigned int* pb,
+                                            unsigned int* warp_sums) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned int x = a, y = b;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned int xa = __shfl_up_sync(0xffffffffu, x, off), ya = __shfl_up_sync(0xffffffffu, y, off);
+        if (lane >= off) {
+            x += xa;
+            y += ya;
+        }
+    }
+    if (lane == 31) {
+        warp_sums[2 * warp] = x;
+        warp_sums[2 * warp + 1] = y;
+    }
+    __syncthreads();
+    x -= a;
+    y -= b;
+    for (int w2 = 0; w2 < warp; w2++) {
+        x += warp_sums[2 * w2];
+        y += warp_sums[2 * w2 + 1];
+    }
+    *pa = x;
+    *pb = y;
+    __syncthreads();
+}
+
+// Indexer 3: the selection of each row (`ops::indexer::select`).
+//
+// Dense row (complete <= keep): [visible, -1, -1...]. Sparse row: the top `keep` blocks in the
+// reference's order, ascending: [visible, keep, b0 < b1 < ...].
+//
+// grid (x: chunks of IDX_CHUNK blocks, y: rows, strided), blockDim.x == IDX_THREADS. Every chunk
+// of a sparse row: d1 = the histogram bin of the keep-th largest key, `want` = keep minus the
+// keys in higher bins; the chunk's words of the `above` bitmap are written whole (keys in higher
+// bins; with the keys of d1 when d1 holds exactly `want`), its `ties` words zeroed and its keys
+// in d1 appended to the row's candidate list (unless they are more than IDX_LIST: the last
+// chunk then reads them from `ords`). The row's last chunk to finish (a counter, after a
+// fence) finds T, the want-th largest candidate key, with two radix passes over its low 20 bits
+// (1024 bins each; it stops after the first when the bin found is taken whole), sets the
+// candidates above T in `above` and those equal to T in `ties`, and writes the ids of `above`
+// and of the first (want - candidates above T) of `ties`, ascending (a block prefix sum over
+// the row's words).
+extern "C" __global__ void __launch_bounds__(IDX_THREADS)
+    indexer_select_topk_f32(int* sel, unsigned int* work, const long long* step, long rows, int block, int keep,
+                            long nb) {
+    __shared__ unsigned int s_ord[IDX_LIST], s_id[IDX_LIST];
+    __shared__ unsigned int s_hist[IDX_FBINS];
+    __shared__ unsigned int s_res[4];
+    __shared__ unsigned int s_warps[2 * IDX_THREADS / 32];
+    __shared__ int s_last;
+    const IdxWork wk = idx_work(work, rows, nb);
     const long long start = step[0];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (long t = blockIdx.x; t < rows; t += gridDim.x) {
+    const long nw = (nb + 31) / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned int full = 0xffffffffu;
+    for (long t = blockIdx.y; t < rows; t += gridDim.y) {
         const long long visible = start + t + 1;
         // Clamped only for a cache that overflowed (the host checks), so nothing is read past it.
-        const long long complete = min(visible / block, (long long)pooled_capacity);
+        const long long complete = min(visible / block, (long long)nb);
         int* out = sel + t * (2 + (long)keep);
-        if (complete <= keep) {
-            for (int i = threadIdx.x; i < 2 + keep; i += blockDim.x) out[i] = i == 0 ? (int)visible : -1;
+        if (complete <= keep || keep == 0) {
+            if (blockIdx.x == 0) {
+                const int count = complete <= keep ? -1 : 0;
+                for (int i = threadIdx.x; i < 2 + keep; i += blockDim.x) out[i] = i == 0 ? (int)visible : count;
+            }
             continue;  // uniform over the thread block
         }
+        const long long lo = (long long)blockIdx.x * IDX_CHUNK;
+        if (lo >= complete) continue;
+        const long long hi = min(lo + IDX_CHUNK, complete);
+        const unsigned int* ords = wk.ords + t * nb;
+        unsigned int* zero = wk.zero + t * IDX_ZSTRIDE;
+        unsigned int* above_w = wk.above + t * nw;
+        unsigned int* ties_w = wk.ties + t * nw;
+        uint2* list = wk.list + t * IDX_LIST;
+
+        // This chunk's keys (a warp takes words warp, warp + 8, ...), loaded before the search
+        // below so that the two overlap.
+        constexpr int WARPS = IDX_THREADS / 32, PER_WARP = IDX_CHUNK / IDX_THREADS;
+        unsigned int keys[PER_WARP];
+#pragma unroll
+        for (int j = 0; j < PER_WARP; j++) {
+            const long long b = lo + (long long)(warp + j * WARPS) * 32 + lane;
+            keys[j] = b < hi ? ords[b] : 0u;
+        }
+
+        // The bin of the keep-th largest key.
+        {
+            unsigned int c[IDX_HBINS / IDX_THREADS];
+            const uint4* h4 = (const uint4*)zero + threadIdx.x * (IDX_HBINS / IDX_THREADS / 4);
+#pragma unroll
+            for (int j = 0; j < IDX_HBINS / IDX_THREADS / 4; j++) {
+                const uint4 v = h4[j];
+                c[4 * j] = v.x;
+                c[4 * j + 1] = v.y;
+                c[4 * j + 2] = v.z;
+                c[4 * j + 3] = v.w;
+            }
+            idx_find_bin<IDX_HBINS / IDX_THREADS>(c, (unsigned int)keep, s_res, s_warps);
+        }
+        const unsigned int d1 = s_res[0], want = (unsigned int)keep - s_res[1], in_d1 = s_res[2];
+        const bool whole = in_d1 == want;  // every key of d1 is kept
+        const bool listed = !whole && in_d1 <= IDX_LIST;
+
+        // Keys above d1 (and d1 when whole) → `above`; keys in d1 → the candidates.
+#pragma unroll
+        for (int j = 0; j < PER_WARP; j++) {
+            const long long wd = lo / 32 + warp + j * WARPS;
+            if (wd * 32 >= hi) break;  // uniform over the warp
+            const long long b = wd * 32 + lane;
+            const bool in = b < hi;
+            const unsigned int o = keys[j];
+            const unsigned int dg = o >> (32 - IDX_HBITS);
+            const unsigned int up = __ballot_sync(full, in && (dg > d1 || (whole && dg == d1)));
+            const unsigned int cand = __ballot_sync(full, in && !whole && dg == d1);
+            if (lane == 0) {
+                above_w[wd] = up;
+                ties_w[wd] = 0u;
+            }
+            if (listed && cand != 0u) {
+                unsigned int base = 0;
+                if (lane == 0) base = atomicAdd(&zero[IDX_HBINS], (unsigned int)__popc(cand));
+                base = __shfl_sync(full, base, 0);
+                if ((cand >> lane) & 1u) list[base + __popc(cand & ((1u << lane) - 1u))] = make_uint2(o, (unsigned int)b);
+            }
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned int chunks = (unsigned int)((complete + IDX_CHUNK - 1) / IDX_CHUNK);
+            s_last = atomicAdd(&zero[IDX_HBINS + 1], 1u) == chunks - 1;
+        }
+        __syncthreads();
+        if (!s_last) continue;  // uniform over the thread block
+        __threadfence();
+
+        // The row's last chunk: T among the candidates, unless d1 is kept whole.
+        unsigned int T = 0, ties_kept = 0;
+        bool inclusive = true;  // keys == T are all kept
+        if (!whole) {
+            const unsigned int n = listed ? in_d1 : (unsigned int)complete;
+            if (listed) {
+                for (unsigned int i = threadIdx.x; i < n; i += IDX_THREADS) {
+                    const uint2 e = __ldcg(&list[i]);
+                    s_ord[i] = e.x;
+                    s_id[i] = e.y;
+                }
+            }
+            // Two passes over the candidates (from `ords`: the keys of bin d1): a histogram of
+            // 10 more bits of the keys that share the bits found so far, then its bin of the
+            // w-th largest.
+            const unsigned int n_round = (n + 31) & ~31u;
+            unsigned int prefix = d1, w = want;  // the key bits found so far, the keys still wanted
+            for (int shift = 10; shift >= 0; shift -= 10) {
+                for (int i = threadIdx.x; i < IDX_FBINS; i += IDX_THREADS) s_hist[i] = 0u;
+                __syncthreads();  // also: the candidates are in shared memory
+                for (unsigned int i = threadIdx.x; i < n_round; i += IDX_THREADS) {
+                    unsigned int bin = IDX_FBINS;  // none
+                    if (i < n) {
+                        const unsigned int o = listed ? s_ord[i] : ords[i];
+                        if ((o >> (shift + 10)) == prefix) bin = (o >> shift) & (IDX_FBINS - 1);
+                    }
+                    const unsigned int same = __match_any_sync(full, bin);
+                    if (bin < IDX_FBINS && lane == __ffs(same) - 1) atomicAdd(&s_hist[bin], (unsigned int)__popc(same));
+                }
+                __syncthreads();
+                unsigned int c[IDX_FBINS / IDX_THREADS];
+#pragma unroll
+                for (int j = 0; j < IDX_FBINS / IDX_THREADS; j++) c[j] = s_hist[threadIdx.x * (IDX_FBINS / IDX_THREADS) + j];
+                idx_find_bin<IDX_FBINS / IDX_THREADS>(c, w, s_res, s_warps);
+                const unsigned int bin = s_res[0], in_bin = s_res[2];
+                w -= s_res[1];
+                prefix = (prefix << 10) | bin;
+                if (in_bin == w) {  // the bin is kept whole: every key from prefix << shift up
+                    T = prefix << shift;
+                    break;
+                }
+                if (shift == 0) {  // keys == T: the first w of them (ascending blocks)
+                    T = prefix;
+                    ties_kept = w;
+                    inclusive = false;
+                }
+            }
+            // Mark the candidates: above T (or == T when inclusive) → `above`, == T → `ties`.
+            if (listed) {
+                for (unsigned int i = threadIdx.x; i < n; i += IDX_THREADS) {
+                    const unsigned int o = s_ord[i], b = s_id[i];
+                    if (o > T || (inclusive && o == T)) {
+                        atomicOr(&above_w[b >> 5], 1u << (b & 31));
+                    } else if (o == T) {
+                        atomicOr(&ties_w[b >> 5], 1u << (b & 31));
+                    }
+                }
+            } else {
+                for (unsigned int i = threadIdx.x; i < n_round; i += IDX_THREADS) {
+                    const unsigned int o = i < n ? ords[i] : 0u;
+                    const bool cand = i < n && (o >> (32 - IDX_HBITS)) == d1;
+                    const unsigned int up = __ballot_sync(full, cand && (o > T || (inclusive && o == T)));
+                    const unsigned int eq = __ballot_sync(full, cand && !inclusive && o == T);
+                    if (lane == 0 && up != 0u) atomicOr(&above_w[i >> 5], up);
+                    if (lane == 0 && eq != 0u) atomicOr(&ties_w[i >> 5], eq);
+                }
+            }
+            __syncthreads();
+        }
+
+        // Compaction: every thread takes a run of the row's words, in order (the first
+        // IDX_RUN of them kept in registers: all of them up to 256k tokens at block 4).
+        const long words = (complete + 31) / 32;
+        const long per = (words + IDX_THREADS - 1) / IDX_THREADS;
+        const long w0 = min(words, threadIdx.x * per), w1 = min(words, w0 + per);
+        unsigned int up_run[IDX_RUN], eq_run[IDX_RUN];
+        unsigned int n_above = 0, n_ties = 0;
+#pragma unroll
+        for (int j = 0; j < IDX_RUN; j++) {
+            up_run[j] = w0 + j < w1 ? __ldcg(&above_w[w0 + j]) : 0u;
+            eq_run[j] = w0 + j < w1 ? __ldcg(&ties_w[w0 + j]) : 0u;
+            n_above += __popc(up_run[j]);
+            n_ties += __popc(eq_run[j]);
+        }
+        for (long wd = w0 + IDX_RUN; wd < w1; wd++) {
+            n_above += __popc(__ldcg(&above_w[wd]));
+            n_ties += __popc(__ldcg(&ties_w[wd]));
+        }
+        unsigned int pos, rank;
+        idx_prefix2(n_above, n_ties, &pos, &rank, s_warps);
+        pos += min(rank, ties_kept);
+        // The ids of the kept blocks in the word, ascending: all of `up`, the ties below ties_kept.
+        auto emit = [&](long wd, unsigned int up, unsigned int eq) {
+            unsigned int bits = up | eq;
+            while (bits != 0u) {
+                const int j = __ffs(bits) - 1;
+                bits &= bits - 1u;
+                if ((up >> j) & 1u) {
+                    out[2 + pos++] = (int)(wd * 32 + j);
+                } else {
+                    if (rank < ties_kept) out[2 + pos++] = (int)(wd * 32 + j);
+                    rank++;
+                }
+            }
+        };
+#pragma unroll
+        for (int j = 0; j < IDX_RUN; j++) emit(w0 + j, up_run[j], eq_run[j]);
+        for (long wd = w0 + IDX_RUN; wd < w1; wd++) emit(wd, __ldcg(&above_w[wd]), __ldcg(&ties_w[wd]));
         if (threadIdx.x == 0) {
             out[0] = (int)visible;
             out[1] = keep;
         }
-        if (keep == 0) continue;
-        const float* s = scores + t * pooled_capacity;
-        // Radix select of the keep-th largest key.
-        if (threadIdx.x == 0) {
-            prefix_shared = 0ull;
-            want_shared = (unsigned int)keep;
-            done_shared = 0;
-        }
-        for (int pass = 0; pass < 8; pass++) {
-            const int shift = 56 - 8 * pass;
-            for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-            __syncthreads();
-            const unsigned long long prefix = prefix_shared;
-            const unsigned long long mask = pass == 0 ? 0ull : ~0ull << (shift + 8);
-            for (long base = 0; base < complete; base += blockDim.x) {
-                const long b = base + threadIdx.x;
-                unsigned int bin = 256;  // no bin
-                if (b < complete) {
-                    const unsigned long long k = select_key(s[b], b);
-                    if ((k & mask) == prefix) bin = (unsigned int)(k >> shift) & 255u;
-                }
-                // One shared atomic per distinct bin of the warp (scores crowd into few bins).
-                const unsigned int same = __match_any_sync(0xffffffffu, bin);
-                if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(same));
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                unsigned int want = want_shared, above = 0;
-                int bin = 255;
-                for (; bin > 0; bin--) {
-                    if (above + hist[bin] >= want) break;
-                    above += hist[bin];
-                }
-                want -= above;
-                prefix_shared = prefix | ((unsigned long long)bin << shift);
-                want_shared = want;
-                done_shared = hist[bin] == want;
-            }
-            __syncthreads();
-            if (done_shared) break;
-        }
-        // Every key >= threshold is kept: the bins above and all of the last chosen bin.
-        const unsigned long long threshold = prefix_shared;
-        int written = 0;
-        for (long base = 0; base < complete; base += blockDim.x) {
-            const long b = base + threadIdx.x;
-            const bool kept = b < complete && select_key(s[b], b) >= threshold;
-            const unsigned int ballot = __ballot_sync(0xffffffffu, kept);
-            if (lane == 0) warp_counts[warp] = __popc(ballot);
-            __syncthreads();
-            int before = written;
-            for (int w2 = 0; w2 < warp; w2++) before += warp_counts[w2];
-            before += __popc(ballot & ((1u << lane) - 1u));
-            if (kept && before < keep) out[2 + before] = (int)b;
-            for (int w2 = 0; w2 < warps; w2++) written += warp_counts[w2];
-            __syncthreads();  // warp_counts is rewritten by the next chunk
-        }
-        __syncthreads();  // the shared select state is reset by the next row
+        __syncthreads();  // the shared state is reused by the next row
     }
 }
 

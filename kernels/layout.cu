@@ -290,3 +290,15 @@ extern "C" __global__ void ple_gate_reference_f32(float* out, const float* key, 
         for (long c = threadIdx.x; c < h; c += blockDim.x) out[base + c] = gain * value[t * h + c];
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// sigmoid_gated_add: y [rows, d] = a + sigmoid(x·w) * b, x [rows, h], w [h] (f32), a, b [rows, d]
+// (`ops::linear::sigmoid_gated_add`: the shared expert's gate and the sum with the routed experts
+// in one launch). One block per row: the gate logit is a block-wide dot product.
+extern "C" __global__ void sigmoid_gated_add_reference_f32(float* y, const float* x, const float* w, const float* b,
+                                                           const float* a, long rows, long h, long d) {
+    for (long t = blockIdx.x; t < rows; t += gridDim.x) {
+        const float gate = sigmoid_f32(block_dot(x + t * h, w, h));
+        for (long c = threadIdx.x; c < d; c += blockDim.x) y[t * d + c] = a[t * d + c] + b[t * d + c] * gate;
+    }
+}

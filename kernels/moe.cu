@@ -1,53 +1,64 @@
 // Mixture of experts and PLE n-gram ids (src/ops/moe.rs and src/ops/ple.rs are the reference).
 //
 // - `moe_router_reference_f32`: softmax over each row of router logits, then the top k in
-//   selection order, renormalised when asked; one block per row, ids and weights stay on the device.
+//   selection order, renormalised when asked; one block per row, ids and weights stay on the
+//   device, equal bit for bit to the reference's (given the same exps).
 // - `moe_experts_gate_up_*` / `moe_experts_down_*`: the token-major routed SwiGLU experts in two
 //   launches. The first writes act[t, j, :] = silu(G) * U for every slot (t, j); the second sums
 //   the k down-projections of each token in slot order. Expert ids are read on the device.
+// - `moe_experts_expert_major_*`: the same for many tokens, the slots grouped by expert on the
+//   device so that each expert's weights are read once per tile of 64 of its slots.
 // - `ple_ngram_ids_reference_i64`: hashed n-gram ids with the history carried in a device buffer.
 #include "common.cuh"
+#include "vec.cuh"
 
 // The largest top k the router keeps per row (checked on the host).
 #define ROUTER_MAX_TOPK 64
 // -inf and a quiet NaN (NVRTC has no math.h constants).
 #define MOE_NEG_INF __int_as_float(0xff800000)
 #define MOE_NAN __int_as_float(0x7fc00000)
+#define MOE_FULL_MASK 0xffffffffu
 
-// Max over a block whose size is a multiple of 32 (at most 1024); every thread gets the result.
-// fmaxf ignores NaN as f32::max does, and max is exact in any order.
-__device__ __forceinline__ float moe_block_max(float v) {
-    __shared__ float partial[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    __syncthreads();  // `partial` may still be read by a previous call
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    float m = lane < warps ? partial[lane] : MOE_NEG_INF;
-    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    return m;
-}
+// ---------------------------------------------------------------------------------------------
+// Router.
+//
+// One block per row, two groups of threads working at once:
+// - the softmax group (threads [0, exp_threads), one per expert up to 512): max, exps (in double,
+//   rounded once to f32, as close to the CPU's expf as a device gets), the reference's sum, the
+//   probabilities;
+// - the selection group (ROUTER_SEL_WARPS warps after it): the top k of the row by LOGIT, which
+//   needs neither the max nor the sum, so it runs while the softmax group works. Each warp takes
+//   a quarter of the experts (ROUTER_SEL_PER_LANE per lane in registers), k rounds of a lane max
+//   and a two-step warp max (__reduce_max_sync on the high then the low half of the rank); then
+//   the 4 sorted lists are merged by counting.
+// The probability p = fl(fl(exp(fl(l - max))) / sum) is monotone (non-decreasing) in the logit,
+// so the reference's order (p descending, then id) differs from the logit order (logit
+// descending, then id) only among experts of equal p. After both groups are done, the chosen k
+// are re-sorted by (p, id), and if an expert outside them has the k-th probability and a lower id
+// than one inside with that probability (or the sum is not finite: NaN or infinite logits), warp 0
+// redoes the selection on the probabilities exactly as the reference orders them.
+//
+// The sum (the reference adds the exps one at a time in expert order, and only that order gives
+// its bits) is split into up to 4 pieces run at once: piece 0 from 0 by one thread; each later
+// piece from 2w+1 candidate starting values (the float nearest the exact prefix sum, computed in
+// fixed point with integer warp sums, and w floats either side) by one thread each. Then thread 0
+// chains the pieces: the candidate whose start has the bits of the true partial sum has the true
+// next partial sum; if none has (a rounding error beyond w ulps), thread 0 adds that piece itself.
+// Either way the result is the sequential sum bit for bit.
 
-// Unsigned max over a block (size a multiple of 32, at most 1024); every thread gets the result.
-__device__ __forceinline__ unsigned long long moe_block_max_u64(unsigned long long v) {
-    __shared__ unsigned long long partial[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, offset);
-        v = o > v ? o : v;
-    }
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    unsigned long long m = lane < warps ? partial[lane] : 0ull;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const unsigned long long o = __shfl_xor_sync(0xffffffffu, m, offset);
-        m = o > m ? o : m;
-    }
-    return m;
-}
+// Softmax threads at most (one expert each; more experts are looped over).
+#define ROUTER_EXP_THREADS 512
+// Warps of the selection group, and logits per lane in registers (4 x 32 x 4 = 512 experts;
+// more are scanned from memory each round).
+#define ROUTER_SEL_WARPS 4
+#define ROUTER_SEL_PER_LANE 4
+// Pieces of the sequential sum, and candidate starts either side of each piece's estimate.
+#define ROUTER_MAX_PIECES 4
+#define ROUTER_WINDOW 64
+// Fixed point of the exact prefix sums: 2^48 units per 1 (every exp is at most 1).
+#define ROUTER_FIXED_ONE 281474976710656.0
 
-// A 64-bit rank whose unsigned order is the reference's selection order: the probability by
+// A 64-bit rank whose unsigned order is the reference's selection order: the value by
 // f32::total_cmp (larger first), then the expert id (lower first). 0 is never a real rank.
 __device__ __forceinline__ unsigned long long router_rank(float p, int id) {
     int bits = __float_as_int(p);
@@ -56,242 +67,681 @@ __device__ __forceinline__ unsigned long long router_rank(float p, int id) {
     return (((unsigned long long)ord) << 32) | (unsigned long long)(~(unsigned int)id);
 }
 
-// ids, weights [rows, top_k]; logits [rows, experts]. Dynamic shared memory: experts floats
-// (the probabilities) then experts bytes (taken flags).
-extern "C" __global__ void moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows,
-                                                    int experts, int top_k, int normalize) {
-    extern __shared__ float probs[];
-    unsigned char* taken = reinterpret_cast<unsigned char*>(probs + experts);
-    __shared__ float total;
-    __shared__ int sel_id[ROUTER_MAX_TOPK];
-    __shared__ float sel_p[ROUTER_MAX_TOPK];
+__device__ __forceinline__ int router_rank_id(unsigned long long rank) {
+    return (int)(~(unsigned int)(rank & 0xffffffffull));
+}
+
+// A signed int whose order is the float order (for non-NaN values) and back.
+__device__ __forceinline__ int float_order_key(float f) {
+    const int b = __float_as_int(f);
+    return b ^ ((b >> 31) & 0x7fffffff);
+}
+__device__ __forceinline__ float float_from_order_key(int k) { return __int_as_float(k ^ ((k >> 31) & 0x7fffffff)); }
+
+// Max of a 64-bit value over the warp (every lane calls it; every lane gets the result).
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+    const unsigned int hi = __reduce_max_sync(MOE_FULL_MASK, (unsigned int)(v >> 32));
+    const unsigned int lo = __reduce_max_sync(MOE_FULL_MASK, (unsigned int)(v >> 32) == hi ? (unsigned int)v : 0u);
+    return (((unsigned long long)hi) << 32) | (unsigned long long)lo;
+}
+
+// Barrier `id` (1..15) among `threads` threads (a multiple of 32) of the block.
+__device__ __forceinline__ void moe_named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// s + v[lo] + v[lo+1] + ... + v[hi-1], one rounded add at a time, in order (the reference's sum).
+// lo is a multiple of 4 and v 16-byte aligned (shared memory).
+__device__ __forceinline__ float router_seq_sum(const float* v, int lo, int hi, float s) {
+    int i = lo;
+#pragma unroll 4
+    for (; i + 4 <= hi; i += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(v + i);
+        s = __fadd_rn(s, q.x);
+        s = __fadd_rn(s, q.y);
+        s = __fadd_rn(s, q.z);
+        s = __fadd_rn(s, q.w);
+    }
+    for (; i < hi; i++) s = __fadd_rn(s, v[i]);
+    return s;
+}
+
+// ids, weights [rows, top_k]; logits [rows, experts]. Block: exp_threads (min(experts rounded up
+// to 32, 512)) + 32 * ROUTER_SEL_WARPS threads. Dynamic shared memory: experts floats rounded up
+// to 4 (the exps, then the probabilities), then ceil(experts / 32) u64 (fixed-point chunk sums).
+// `window`: candidate starts either side of each piece of the sum (at most ROUTER_WINDOW; < 0: no
+// pieces, one thread adds all). `flags` bit 0: always redo the selection on the probabilities
+// (for tests: every path gives the same bits).
+extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SEL_WARPS)
+    moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts, int top_k,
+                             int normalize, int window, int flags) {
+    extern __shared__ float4 router_dyn[];
+    __shared__ int warp_max[ROUTER_EXP_THREADS / 32];
+    __shared__ float cand[(ROUTER_MAX_PIECES - 1) * (2 * ROUTER_WINDOW + 1)];
+    __shared__ int cand_base[ROUTER_MAX_PIECES];
+    __shared__ float total_sum;
+    __shared__ unsigned long long lists[ROUTER_SEL_WARPS][ROUTER_MAX_TOPK];
+    __shared__ unsigned long long chosen[ROUTER_MAX_TOPK];
+    __shared__ int sorted_id[ROUTER_MAX_TOPK];
+    __shared__ float sorted_p[ROUTER_MAX_TOPK];
+
+    const int exp_threads = (int)blockDim.x - 32 * ROUTER_SEL_WARPS;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int chunks = (experts + 31) >> 5;
+    float* probs = reinterpret_cast<float*>(router_dyn);
+    unsigned long long* chunk_sum = reinterpret_cast<unsigned long long*>(probs + ((experts + 3) & ~3));
+
+    // Pieces of the sum: 4 of at least 2 chunks each, 2 of 2, else 1; piece_len experts each.
+    int pieces = window < 0 ? 1 : (chunks >= 8 ? 4 : (chunks >= 4 ? 2 : 1));
+    const int piece_chunks = (chunks + pieces - 1) / pieces;
+    pieces = (chunks + piece_chunks - 1) / piece_chunks;
+    const int piece_len = piece_chunks * 32;
+    int win = 0;
+    if (pieces > 1) win = min(min(window, ROUTER_WINDOW), ((exp_threads - 1) / (pieces - 1) - 1) / 2);
+    const int per_piece = 2 * win + 1;
+
     for (long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* l = logits + row * experts;
-        float mx = MOE_NEG_INF;
-        for (int e = threadIdx.x; e < experts; e += blockDim.x) mx = fmaxf(mx, l[e]);
-        mx = moe_block_max(mx);
-        // exp in double rounded once to f32: as close to the CPU's expf as a device gets.
-        for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-            probs[e] = (float)exp((double)__fsub_rn(l[e], mx));
-            taken[e] = 0;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            // The reference's sum: sequential, in expert order.
-            float s = 0.0f;
-#pragma unroll 8
-            for (int e = 0; e < experts; e++) s = __fadd_rn(s, probs[e]);
-            total = s;
-        }
-        __syncthreads();
-        const float sum = total;
-        for (int e = threadIdx.x; e < experts; e += blockDim.x) probs[e] = __fdiv_rn(probs[e], sum);
-        __syncthreads();
-        for (int j = 0; j < top_k; j++) {
-            unsigned long long best = 0ull;
-            for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-                if (!taken[e]) {
-                    const unsigned long long r = router_rank(probs[e], e);
-                    best = r > best ? r : best;
+        if (tid < exp_threads) {
+            // ---- The softmax group. ----
+            const int warp = tid >> 5, exp_warps = exp_threads >> 5;
+            // The max (NaN ignored, as f32::max; -inf when every value is NaN).
+            int key = float_order_key(MOE_NEG_INF);
+            for (int e = tid; e < experts; e += exp_threads) {
+                const float v = __ldg(l + e);
+                if (!isnan(v)) key = max(key, float_order_key(v));
+            }
+            key = __reduce_max_sync(MOE_FULL_MASK, key);
+            if (lane == 0) warp_max[warp] = key;
+            moe_named_barrier(1, exp_threads);
+            key = __reduce_max_sync(MOE_FULL_MASK, lane < exp_warps ? warp_max[lane] : float_order_key(MOE_NEG_INF));
+            const float mx = float_from_order_key(key);
+            // The exps, and each chunk of 32's exact sum in units of 2^-48 (two 24-bit halves,
+            // each summed over the warp without overflow).
+            for (int base = tid - lane; base < experts; base += exp_threads) {
+                const int e = base + lane;
+                float p = 0.0f;
+                if (e < experts) {
+                    p = (float)exp((double)__fsub_rn(__ldg(l + e), mx));
+                    probs[e] = p;
+                }
+                if (pieces > 1) {
+                    const unsigned long long fixed =
+                        p >= 0.0f ? (unsigned long long)((double)p * ROUTER_FIXED_ONE) : 0ull;
+                    const unsigned int hi = __reduce_add_sync(MOE_FULL_MASK, (unsigned int)(fixed >> 24));
+                    const unsigned int lo = __reduce_add_sync(MOE_FULL_MASK, (unsigned int)(fixed & 0xffffffull));
+                    if (lane == 0) chunk_sum[base >> 5] = (((unsigned long long)hi) << 24) + lo;
                 }
             }
-            best = moe_block_max_u64(best);
-            if (threadIdx.x == 0) {
-                const int id = (int)(~(unsigned int)(best & 0xffffffffull));
-                taken[id] = 1;
-                sel_id[j] = id;
-                sel_p[j] = probs[id];
+            moe_named_barrier(1, exp_threads);
+            // The pieces of the sum: thread 0 piece 0 from 0, then per_piece candidates per piece.
+            if (tid < 1 + (pieces - 1) * per_piece) {
+                int piece = 0;
+                float s = 0.0f;
+                if (tid > 0) {
+                    piece = 1 + (tid - 1) / per_piece;
+                    const int c = (tid - 1) % per_piece;
+                    unsigned long long exact = 0;
+                    for (int q = 0; q < piece * piece_chunks; q++) exact += chunk_sum[q];
+                    const float estimate = (float)((double)exact * (1.0 / ROUTER_FIXED_ONE));
+                    const int start = __float_as_int(estimate) + c - win;
+                    if (c == 0) cand_base[piece] = start;
+                    s = __int_as_float(start);
+                }
+                const int lo = piece * piece_len;
+                s = router_seq_sum(probs, lo, min(experts, lo + piece_len), s);
+                if (tid > 0)
+                    cand[tid - 1] = s;
+                else
+                    total_sum = s;
             }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            float chosen = 0.0f;
-            for (int j = 0; j < top_k; j++) chosen = __fadd_rn(chosen, sel_p[j]);
-            for (int j = 0; j < top_k; j++) {
-                ids[row * top_k + j] = sel_id[j];
-                weights[row * top_k + j] = normalize ? __fdiv_rn(sel_p[j], chosen) : sel_p[j];
+            moe_named_barrier(1, exp_threads);
+            if (tid == 0) {
+                float s = total_sum;
+                for (int piece = 1; piece < pieces; piece++) {
+                    const long long at = (long long)__float_as_int(s) - cand_base[piece];
+                    if (at >= 0 && at < per_piece) {
+                        s = cand[(piece - 1) * per_piece + at];
+                    } else {
+                        const int lo = piece * piece_len;
+                        s = router_seq_sum(probs, lo, min(experts, lo + piece_len), s);
+                    }
+                }
+                total_sum = s;
+            }
+            moe_named_barrier(1, exp_threads);
+            const float sum = total_sum;
+            for (int e = tid; e < experts; e += exp_threads) probs[e] = __fdiv_rn(probs[e], sum);
+        } else {
+            // ---- The selection group: the top k by logit. ----
+            const int sw = (tid - exp_threads) >> 5;
+            const int span = ((experts + ROUTER_SEL_WARPS - 1) / ROUTER_SEL_WARPS + 31) & ~31;
+            const int lo = sw * span, hi = min(experts, lo + span);
+            unsigned long long* list = lists[sw];
+            if (span <= 32 * ROUTER_SEL_PER_LANE) {
+                unsigned long long r[ROUTER_SEL_PER_LANE];
+#pragma unroll
+                for (int q = 0; q < ROUTER_SEL_PER_LANE; q++) {
+                    const int e = lo + lane + 32 * q;
+                    r[q] = e < hi ? router_rank(__ldg(l + e), e) : 0ull;
+                }
+                for (int j = 0; j < top_k; j++) {
+                    unsigned long long m = r[0];
+#pragma unroll
+                    for (int q = 1; q < ROUTER_SEL_PER_LANE; q++) m = r[q] > m ? r[q] : m;
+                    const unsigned long long best = warp_max_u64(m);
+#pragma unroll
+                    for (int q = 0; q < ROUTER_SEL_PER_LANE; q++) r[q] = r[q] == best ? 0ull : r[q];
+                    if (lane == 0) list[j] = best;
+                }
+            } else {
+                // Many experts: each round rescans this warp's logits for the best below the last.
+                unsigned long long last = ~0ull;
+                for (int j = 0; j < top_k; j++) {
+                    unsigned long long m = 0ull;
+                    for (int e = lo + lane; e < hi; e += 32) {
+                        const unsigned long long x = router_rank(__ldg(l + e), e);
+                        m = (x < last && x > m) ? x : m;
+                    }
+                    last = warp_max_u64(m);
+                    if (lane == 0) list[j] = last;
+                }
+            }
+            moe_named_barrier(2, 32 * ROUTER_SEL_WARPS);
+            // Merge: a rank's place among the k best is how many listed ranks exceed it.
+            for (int q = tid - exp_threads; q < ROUTER_SEL_WARPS * top_k; q += 32 * ROUTER_SEL_WARPS) {
+                const unsigned long long x = lists[q / top_k][q % top_k];
+                if (x != 0ull) {
+                    int place = 0;
+                    for (int w = 0; w < ROUTER_SEL_WARPS; w++)
+                        for (int i = 0; i < top_k; i++) place += lists[w][i] > x ? 1 : 0;
+                    if (place < top_k) chosen[place] = x;
+                }
             }
         }
-        __syncthreads();  // shared state is reused by the next row
+        __syncthreads();  // probabilities and the logit top k are ready
+
+        // Is the logit top k the reference's set? Not when an expert outside it has the k-th
+        // probability and a lower id than one inside with that probability.
+        int redo = 0;
+        if (tid < exp_threads) {
+            const float sum = total_sum;
+            if (!isfinite(sum)) {
+                redo = 1;
+            } else {
+                const unsigned long long last = chosen[top_k - 1];
+                const float pk = probs[router_rank_id(last)];
+                int max_id = -1;
+                for (int j = 0; j < top_k; j++) {
+                    const int id = router_rank_id(chosen[j]);
+                    if (probs[id] == pk) max_id = max(max_id, id);
+                }
+                for (int e = tid; e < max_id && e < experts; e += exp_threads)
+                    if (probs[e] == pk && router_rank(__ldg(l + e), e) < last) redo = 1;
+            }
+        }
+        redo = __syncthreads_or(redo) | (flags & 1);
+
+        if (tid < 32) {
+            if (!redo) {
+                // The chosen k in the reference's order: probability descending, then id.
+                for (int j = lane; j < top_k; j += 32) {
+                    const int id = router_rank_id(chosen[j]);
+                    const float p = probs[id];
+                    int place = 0;
+                    for (int i = 0; i < top_k; i++) {
+                        const int other = router_rank_id(chosen[i]);
+                        const float q = probs[other];
+                        place += (q > p || (q == p && other < id)) ? 1 : 0;
+                    }
+                    sorted_id[place] = id;
+                    sorted_p[place] = p;
+                }
+            } else {
+                // The reference's selection on the probabilities, one warp, k rounds.
+                unsigned long long last = ~0ull;
+                for (int j = 0; j < top_k; j++) {
+                    unsigned long long m = 0ull;
+                    for (int e = lane; e < experts; e += 32) {
+                        const unsigned long long x = router_rank(probs[e], e);
+                        m = (x < last && x > m) ? x : m;
+                    }
+                    last = warp_max_u64(m);
+                    if (lane == 0) {
+                        const int id = router_rank_id(last);
+                        sorted_id[j] = id;
+                        sorted_p[j] = probs[id];
+                    }
+                }
+            }
+            __syncwarp();
+            float total = 0.0f;
+            for (int j = 0; j < top_k; j++) total = __fadd_rn(total, sorted_p[j]);
+            for (int j = lane; j < top_k; j += 32) {
+                ids[row * top_k + j] = sorted_id[j];
+                weights[row * top_k + j] = normalize ? __fdiv_rn(sorted_p[j], total) : sorted_p[j];
+            }
+        }
+        if (row + gridDim.x < rows) __syncthreads();  // shared memory is reused by the next row
     }
 }
 
-// bf16 pairs in a 32-bit word: the low half is the earlier element.
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 packed, float* w) {
-    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+// ---------------------------------------------------------------------------------------------
+// Routed experts, token-major.
+
+// 16-byte chunks per row a lane has in flight at once in the gate/up kernel (from each of the two
+// rows: twice this many loads).
+#define GATE_UP_BATCH 5
+// Chunks per slot a lane has in flight in the down kernel, for each of DOWN_PASSES slots at once.
+#define DOWN_BATCH 5
+#define DOWN_PASSES 2
+
+// A 16-byte chunk of weights loaded as is (kept packed until its products, so that a lane's loads
+// in flight cost 4 registers each), and its N weights as f32.
+template <typename W>
+__device__ __forceinline__ uint4 raw_chunk(const W* w, long i) {
+    return __ldg(reinterpret_cast<const uint4*>(w) + i);
+}
+__device__ __forceinline__ void unpack_chunk(const uint4 p, float* out, const float*) {
+    out[0] = __uint_as_float(p.x);
+    out[1] = __uint_as_float(p.y);
+    out[2] = __uint_as_float(p.z);
+    out[3] = __uint_as_float(p.w);
+}
+__device__ __forceinline__ void unpack_chunk(const uint4 p, float* out, const bf16_t*) {
+    const unsigned int words[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        w[2 * j] = __uint_as_float(words[j] << 16);
-        w[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        out[2 * j] = __uint_as_float(words[j] << 16);
+        out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
     }
 }
 
 // act [slots, inter], slot s = t * top_k + j; x [tokens, hidden]; ids [slots];
 // gate_up [experts, 2 * inter, hidden] (inter gate rows, then inter up rows).
-// One warp per (slot, r): the gate row r and the up row r of the slot's expert, read together.
+// One warp per (slot, r): the gate row r and the up row r of the slot's expert, read together,
+// 2 * GATE_UP_BATCH 16-byte loads in flight per lane. Units s * inter + r are spread over the
+// warps of the grid (consecutive warps: consecutive rows of one expert).
 // An id outside [0, experts) yields NaN rather than a read out of bounds.
+template <typename W>
+__device__ __forceinline__ void experts_gate_up(float* act, const float* x, const long long* ids, const W* gate_up,
+                                                long slots, int top_k, long hidden, long inter, long experts) {
+    constexpr int N = WeightVec<W>::N;
+    const int lane = threadIdx.x & 31;
+    const long warps_per_block = blockDim.x >> 5;
+    const long units = slots * inter;
+    for (long u = blockIdx.x * warps_per_block + (threadIdx.x >> 5); u < units; u += gridDim.x * warps_per_block) {
+        const long s = u / inter, r = u - s * inter;
+        const long long e = ids[s];
+        if (e < 0 || e >= experts) {
+            if (lane == 0) act[u] = MOE_NAN;
+            continue;
+        }
+        const W* gw = gate_up + (e * 2 * inter + r) * hidden;
+        const W* uw = gw + inter * hidden;
+        const float* xr = x + (s / top_k) * hidden;
+        float g = 0.0f, v = 0.0f;
+        if (hidden % N == 0 && aligned16(gw) && aligned16(uw) && aligned16(xr)) {
+            const long n = hidden / N;
+            for (long i0 = lane; i0 < n; i0 += 32 * GATE_UP_BATCH) {
+                uint4 gp[GATE_UP_BATCH], up[GATE_UP_BATCH];
+#pragma unroll
+                for (int b = 0; b < GATE_UP_BATCH; b++) {
+                    if (i0 + 32 * b < n) {
+                        gp[b] = raw_chunk(gw, i0 + 32 * b);
+                        up[b] = raw_chunk(uw, i0 + 32 * b);
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < GATE_UP_BATCH; b++) {
+                    if (i0 + 32 * b < n) {
+                        float xv[N], gv[N], uv[N];
+                        act_chunk<N>(xr, i0 + 32 * b, xv);
+                        unpack_chunk(gp[b], gv, gw);
+                        unpack_chunk(up[b], uv, gw);
+#pragma unroll
+                        for (int q = 0; q < N; q++) {
+                            g += gv[q] * xv[q];
+                            v += uv[q] * xv[q];
+                        }
+                    }
+                }
+            }
+        } else {
+            for (long i = lane; i < hidden; i += 32) {
+                g += WeightVec<W>::one(gw, i) * xr[i];
+                v += WeightVec<W>::one(uw, i) * xr[i];
+            }
+        }
+        g = warp_sum(g);
+        v = warp_sum(v);
+        if (lane == 0) act[u] = silu_f32(g) * v;
+    }
+}
+
 extern "C" __global__ void moe_experts_gate_up_f32(float* act, const float* x, const long long* ids,
                                                    const float* gate_up, long slots, int top_k, long hidden,
                                                    long inter, long experts) {
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    for (long s = blockIdx.y; s < slots; s += gridDim.y) {
-        const long long e = ids[s];
-        const float* xr = x + (s / top_k) * hidden;
-        for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < inter; r += gridDim.x * warps_per_block) {
-            if (e < 0 || e >= experts) {
-                if (lane == 0) act[s * inter + r] = MOE_NAN;
-                continue;
-            }
-            const float* gw = gate_up + (e * 2 * inter + r) * hidden;
-            const float* uw = gw + inter * hidden;
-            float g = 0.0f, u = 0.0f;
-            if ((hidden & 3) == 0) {
-                const float4* g4 = reinterpret_cast<const float4*>(gw);
-                const float4* u4 = reinterpret_cast<const float4*>(uw);
-                const float4* x4 = reinterpret_cast<const float4*>(xr);
-#pragma unroll 4
-                for (long i = lane; i < hidden / 4; i += 32) {
-                    const float4 gv = g4[i], uv = u4[i], xv = x4[i];
-                    g += gv.x * xv.x + gv.y * xv.y + gv.z * xv.z + gv.w * xv.w;
-                    u += uv.x * xv.x + uv.y * xv.y + uv.z * xv.z + uv.w * xv.w;
-                }
-            } else {
-                for (long i = lane; i < hidden; i += 32) {
-                    g += gw[i] * xr[i];
-                    u += uw[i] * xr[i];
-                }
-            }
-            g = warp_sum(g);
-            u = warp_sum(u);
-            if (lane == 0) act[s * inter + r] = silu_f32(g) * u;
-        }
-    }
+    experts_gate_up<float>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
 }
 
 extern "C" __global__ void moe_experts_gate_up_bf16(float* act, const float* x, const long long* ids,
                                                     const bf16_t* gate_up, long slots, int top_k, long hidden,
                                                     long inter, long experts) {
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    for (long s = blockIdx.y; s < slots; s += gridDim.y) {
-        const long long e = ids[s];
-        const float* xr = x + (s / top_k) * hidden;
-        for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < inter; r += gridDim.x * warps_per_block) {
-            if (e < 0 || e >= experts) {
-                if (lane == 0) act[s * inter + r] = MOE_NAN;
-                continue;
-            }
-            const bf16_t* gw = gate_up + (e * 2 * inter + r) * hidden;
-            const bf16_t* uw = gw + inter * hidden;
-            float g = 0.0f, u = 0.0f;
-            if ((hidden & 7) == 0) {
-                // 8 bf16 weights per 16-byte load, from both rows.
-                const uint4* g8 = reinterpret_cast<const uint4*>(gw);
-                const uint4* u8 = reinterpret_cast<const uint4*>(uw);
-#pragma unroll 2
-                for (long i = lane; i < hidden / 8; i += 32) {
-                    const uint4 gp = g8[i], up = u8[i];
-                    const float4* x4 = reinterpret_cast<const float4*>(xr + i * 8);
-                    const float4 a = x4[0], b = x4[1];
-                    float gv[8], uv[8];
-                    bf16x8_to_f32(gp, gv);
-                    bf16x8_to_f32(up, uv);
-                    g += gv[0] * a.x + gv[1] * a.y + gv[2] * a.z + gv[3] * a.w + gv[4] * b.x + gv[5] * b.y +
-                         gv[6] * b.z + gv[7] * b.w;
-                    u += uv[0] * a.x + uv[1] * a.y + uv[2] * a.z + uv[3] * a.w + uv[4] * b.x + uv[5] * b.y +
-                         uv[6] * b.z + uv[7] * b.w;
-                }
-            } else {
-                for (long i = lane; i < hidden; i += 32) {
-                    g += bf16_to_f32(gw[i]) * xr[i];
-                    u += bf16_to_f32(uw[i]) * xr[i];
+    experts_gate_up<bf16_t>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
+}
+
+// One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
+// this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of
+// DOWN_BATCH loads. Reduced over the group by the caller.
+template <typename W>
+__device__ __forceinline__ float down_share(const W* dr, const float* ar, long inter, int sl, int lanes) {
+    constexpr int N = WeightVec<W>::N;
+    float d = 0.0f;
+    if (inter % N == 0 && aligned16(dr) && aligned16(ar)) {
+        const long n = inter / N;
+        for (long i0 = sl; i0 < n; i0 += (long)lanes * DOWN_BATCH) {
+            uint4 wp[DOWN_BATCH];
+#pragma unroll
+            for (int b = 0; b < DOWN_BATCH; b++)
+                if (i0 + (long)lanes * b < n) wp[b] = raw_chunk(dr, i0 + (long)lanes * b);
+#pragma unroll
+            for (int b = 0; b < DOWN_BATCH; b++) {
+                if (i0 + (long)lanes * b < n) {
+                    float av[N], wv[N];
+                    act_chunk<N>(ar, i0 + (long)lanes * b, av);
+                    unpack_chunk(wp[b], wv, dr);
+#pragma unroll
+                    for (int q = 0; q < N; q++) d += wv[q] * av[q];
                 }
             }
-            g = warp_sum(g);
-            u = warp_sum(u);
-            if (lane == 0) act[s * inter + r] = silu_f32(g) * u;
         }
+    } else {
+        for (long i = sl; i < inter; i += lanes) d += WeightVec<W>::one(dr, i) * ar[i];
     }
+    return d;
 }
 
 // y [tokens, hidden]; act [tokens * top_k, inter]; ids, w [tokens, top_k]; down [experts, hidden, inter].
-// One warp per (token, output row r): the k dots of the slots, then, as the reference,
-// y = ((0 + w0*d0) + w1*d1) + ... in slot order with no fused multiply-add.
+// One warp per (token t, output row r). The warp splits into 32/lanes groups of `lanes` lanes
+// (a power of 2), one slot each, DOWN_PASSES such passes at once (up to DOWN_PASSES * DOWN_BATCH
+// loads in flight per lane); then, as the reference, y = ((0 + w0*d0) + w1*d1) + ... in slot
+// order with no fused multiply-add. An id outside [0, experts) makes the row NaN.
+template <typename W>
+__device__ __forceinline__ void experts_down(float* y, const float* act, const long long* ids, const float* w,
+                                             const W* down, long tokens, int top_k, long hidden, long inter,
+                                             long experts, int lanes) {
+    const int lane = threadIdx.x & 31;
+    const int group = lane / lanes, sl = lane % lanes, per_pass = 32 / lanes;
+    const long warps_per_block = blockDim.x >> 5;
+    const long units = tokens * hidden;
+    for (long u = blockIdx.x * warps_per_block + (threadIdx.x >> 5); u < units; u += gridDim.x * warps_per_block) {
+        const long t = u / hidden, r = u - t * hidden;
+        float acc = 0.0f;
+        for (int j0 = 0; j0 < top_k; j0 += per_pass * DOWN_PASSES) {
+            float d[DOWN_PASSES];
+#pragma unroll
+            for (int p = 0; p < DOWN_PASSES; p++) {
+                const int j = j0 + p * per_pass + group;
+                d[p] = 0.0f;
+                if (j < top_k) {
+                    const long s = t * top_k + j;
+                    const long long e = ids[s];
+                    if (e < 0 || e >= experts)
+                        d[p] = MOE_NAN;
+                    else
+                        d[p] = down_share<W>(down + (e * hidden + r) * inter, act + s * inter, inter, sl, lanes);
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < DOWN_PASSES; p++) {
+                for (int off = lanes >> 1; off > 0; off >>= 1) d[p] += __shfl_xor_sync(MOE_FULL_MASK, d[p], off);
+                for (int q = 0; q < per_pass; q++) {
+                    const float dq = __shfl_sync(MOE_FULL_MASK, d[p], q * lanes);
+                    const int j = j0 + p * per_pass + q;
+                    if (j < top_k) acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], dq));
+                }
+            }
+        }
+        if (lane == 0) y[u] = acc;
+    }
+}
+
 extern "C" __global__ void moe_experts_down_f32(float* y, const float* act, const long long* ids, const float* w,
                                                 const float* down, long tokens, int top_k, long hidden, long inter,
-                                                long experts) {
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    for (long t = blockIdx.y; t < tokens; t += gridDim.y) {
-        for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < hidden; r += gridDim.x * warps_per_block) {
-            float acc = 0.0f;
-            for (int j = 0; j < top_k; j++) {
-                const long s = t * top_k + j;
-                const long long e = ids[s];
-                if (e < 0 || e >= experts) {
-                    acc = MOE_NAN;
-                    continue;
-                }
-                const float* dr = down + (e * hidden + r) * inter;
-                const float* ar = act + s * inter;
-                float d = 0.0f;
-                if ((inter & 3) == 0) {
-                    const float4* d4 = reinterpret_cast<const float4*>(dr);
-                    const float4* a4 = reinterpret_cast<const float4*>(ar);
-#pragma unroll 4
-                    for (long i = lane; i < inter / 4; i += 32) {
-                        const float4 dv = d4[i], av = a4[i];
-                        d += dv.x * av.x + dv.y * av.y + dv.z * av.z + dv.w * av.w;
-                    }
-                } else {
-                    for (long i = lane; i < inter; i += 32) d += dr[i] * ar[i];
-                }
-                d = warp_sum(d);
-                acc = __fadd_rn(acc, __fmul_rn(w[s], d));
-            }
-            if (lane == 0) y[t * hidden + r] = acc;
-        }
-    }
+                                                long experts, int lanes) {
+    experts_down<float>(y, act, ids, w, down, tokens, top_k, hidden, inter, experts, lanes);
 }
 
 extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, const long long* ids, const float* w,
                                                  const bf16_t* down, long tokens, int top_k, long hidden, long inter,
-                                                 long experts) {
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    for (long t = blockIdx.y; t < tokens; t += gridDim.y) {
-        for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < hidden; r += gridDim.x * warps_per_block) {
-            float acc = 0.0f;
-            for (int j = 0; j < top_k; j++) {
-                const long s = t * top_k + j;
-                const long long e = ids[s];
-                if (e < 0 || e >= experts) {
-                    acc = MOE_NAN;
-                    continue;
-                }
-                const bf16_t* dr = down + (e * hidden + r) * inter;
-                const float* ar = act + s * inter;
-                float d = 0.0f;
-                if ((inter & 7) == 0) {
-                    const uint4* d8 = reinterpret_cast<const uint4*>(dr);
-#pragma unroll 2
-                    for (long i = lane; i < inter / 8; i += 32) {
-                        float dv[8];
-                        bf16x8_to_f32(d8[i], dv);
-                        const float4* a4 = reinterpret_cast<const float4*>(ar + i * 8);
-                        const float4 a = a4[0], b = a4[1];
-                        d += dv[0] * a.x + dv[1] * a.y + dv[2] * a.z + dv[3] * a.w + dv[4] * b.x + dv[5] * b.y +
-                             dv[6] * b.z + dv[7] * b.w;
-                    }
-                } else {
-                    for (long i = lane; i < inter; i += 32) d += bf16_to_f32(dr[i]) * ar[i];
-                }
-                d = warp_sum(d);
-                acc = __fadd_rn(acc, __fmul_rn(w[s], d));
-            }
-            if (lane == 0) y[t * hidden + r] = acc;
+                                                 long experts, int lanes) {
+    experts_down<bf16_t>(y, act, ids, w, down, tokens, top_k, hidden, inter, experts, lanes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts, expert-major (many tokens, `ops::moe::expert_major`): the slots are grouped by
+// expert on the device, then each expert's weights are read once per tile of EM_TILE of its
+// slots (instead of once per slot), in shared-memory tiles of EM_TILE slots x EM_TILE outputs
+// (EM_TILE_K of the inner dimension at a time; 256 threads, thread (ty, tx) owns slots ty*4..+4
+// and outputs tx*4..+4). Each slot's result is computed the same way wherever its row lands in
+// a tile, so the grouping's order (atomics) changes no bit. Four launches:
+// 1. `..._group`: `order` (slot indices by expert) and the tile table;
+// 2. `..._gate_up_*`: act[s, :] = silu(G) * U for the slots of each tile;
+// 3. `..._down_*`: out[s, :] = down_e · act[s, :] (one row per slot);
+// 4. `..._combine_f32`: y[t] = ((0 + w0*out0) + w1*out1) + ... in slot order, as the reference.
+// A slot with an id outside [0, experts) is in no group; its token's row is NaN.
+#define EM_TILE 64
+#define EM_TILE_K 32
+
+// order [slots]: the valid slots, grouped by expert (ascending), any order within an expert;
+// tiles [3 * max_tiles]: per tile (expert, first index in order, slots in it <= EM_TILE), and
+// expert -1 past the last tile. max_tiles >= ceil(slots / EM_TILE) + experts. One block;
+// dynamic shared memory: 3 * experts ints.
+extern "C" __global__ void moe_experts_expert_major_group(int* order, int* tiles, const long long* ids, long slots,
+                                                          int experts, long max_tiles) {
+    extern __shared__ int em_shared[];
+    int* count = em_shared;
+    int* start = em_shared + experts;
+    int* first_tile = em_shared + 2 * experts;
+    __shared__ int total_tiles;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (long s = threadIdx.x; s < slots; s += blockDim.x) {
+        const long long e = ids[s];
+        if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, tile = 0;
+        for (int e = 0; e < experts; e++) {
+            start[e] = at;
+            first_tile[e] = tile;
+            at += count[e];
+            tile += (count[e] + EM_TILE - 1) / EM_TILE;
         }
+        total_tiles = tile;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+        const int n = count[e];
+        for (int j = 0; j * EM_TILE < n; j++) {
+            const long b = first_tile[e] + j;
+            tiles[3 * b] = e;
+            tiles[3 * b + 1] = start[e] + j * EM_TILE;
+            tiles[3 * b + 2] = min(EM_TILE, n - j * EM_TILE);
+        }
+    }
+    for (long b = total_tiles + threadIdx.x; b < max_tiles; b += blockDim.x) {
+        tiles[3 * b] = -1;
+        tiles[3 * b + 1] = 0;
+        tiles[3 * b + 2] = 0;
+    }
+    __syncthreads();  // `start` becomes each expert's cursor
+    for (long s = threadIdx.x; s < slots; s += blockDim.x) {
+        const long long e = ids[s];
+        if (e >= 0 && e < experts) order[atomicAdd(&start[e], 1)] = (int)s;
+    }
+}
+
+// The rows of tile blockIdx.x: slot (or -1) and its row of `a` (or -1), in shared memory.
+// Returns the tile's expert, -1 for no tile (the whole block returns).
+__device__ __forceinline__ int em_tile_rows(const int* order, const int* tiles, int per_row_div, int* slot,
+                                            int* a_row) {
+    const long b = blockIdx.x;
+    const int e = tiles[3 * b];
+    if (e < 0) return -1;
+    const int first = tiles[3 * b + 1], count = tiles[3 * b + 2];
+    if (threadIdx.x < EM_TILE) {
+        const int s = (int)threadIdx.x < count ? order[first + threadIdx.x] : -1;
+        slot[threadIdx.x] = s;
+        a_row[threadIdx.x] = s < 0 ? -1 : s / per_row_div;
+    }
+    __syncthreads();
+    return e;
+}
+
+// out[slot, n] = f(a[a_row, :] · W1[n, :], a[a_row, :] · W2[n, :]) for the tile's rows and outputs
+// n0..n0+EM_TILE-1 (W1, W2 [n, k]; TWO: both, else only W1 and f is the identity).
+template <typename W, bool TWO>
+__device__ __forceinline__ void em_tile_products(float (&acc1)[4][4], float (&acc2)[4][4], const float* a,
+                                                 const int* a_row, const W* w1, const W* w2, long k, long n,
+                                                 long n0) {
+    __shared__ float as[EM_TILE][EM_TILE_K + 1];
+    __shared__ float ws1[EM_TILE][EM_TILE_K + 1];
+    __shared__ float ws2[TWO ? EM_TILE : 1][EM_TILE_K + 1];
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc1[i][j] = acc2[i][j] = 0.0f;
+    for (long k0 = 0; k0 < k; k0 += EM_TILE_K) {
+        for (int q = tid; q < EM_TILE * EM_TILE_K; q += 256) {
+            const int row = q / EM_TILE_K, col = q % EM_TILE_K;
+            const long kk = k0 + col;
+            const int ar = a_row[row];
+            as[row][col] = (ar >= 0 && kk < k) ? a[(long)ar * k + kk] : 0.0f;
+            const long r = n0 + row;
+            const bool in = r < n && kk < k;
+            ws1[row][col] = in ? WeightVec<W>::one(w1, r * k + kk) : 0.0f;
+            if (TWO) ws2[row][col] = in ? WeightVec<W>::one(w2, r * k + kk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < EM_TILE_K; kk++) {
+            float av[4], b1[4], b2[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) av[i] = as[ty * 4 + i][kk];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                b1[j] = ws1[tx * 4 + j][kk];
+                b2[j] = TWO ? ws2[tx * 4 + j][kk] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc1[i][j] += av[i] * b1[j];
+                    if (TWO) acc2[i][j] += av[i] * b2[j];
+                }
+        }
+        __syncthreads();  // the tiles are rewritten next
+    }
+}
+
+// act [slots, inter]; x [tokens, hidden]; gate_up [experts, 2 * inter, hidden]. Grid: (max_tiles,
+// ceil(inter / EM_TILE)), 256 threads.
+template <typename W>
+__device__ __forceinline__ void em_gate_up(float* act, const float* x, const int* order, const int* tiles,
+                                           const W* gate_up, int top_k, long hidden, long inter) {
+    __shared__ int slot[EM_TILE], a_row[EM_TILE];
+    const int e = em_tile_rows(order, tiles, top_k, slot, a_row);
+    if (e < 0) return;
+    const long n0 = (long)blockIdx.y * EM_TILE;
+    const W* g = gate_up + (long)e * 2 * inter * hidden;
+    float ga[4][4], ua[4][4];
+    em_tile_products<W, true>(ga, ua, x, a_row, g, g + inter * hidden, hidden, inter, n0);
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int s = slot[ty * 4 + i];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const long r = n0 + tx * 4 + j;
+            if (r < inter) act[(long)s * inter + r] = silu_f32(ga[i][j]) * ua[i][j];
+        }
+    }
+}
+
+// out [slots, hidden]; act [slots, inter]; down [experts, hidden, inter]. Grid: (max_tiles,
+// ceil(hidden / EM_TILE)), 256 threads.
+template <typename W>
+__device__ __forceinline__ void em_down(float* out, const float* act, const int* order, const int* tiles,
+                                        const W* down, long hidden, long inter) {
+    __shared__ int slot[EM_TILE], a_row[EM_TILE];
+    const int e = em_tile_rows(order, tiles, 1, slot, a_row);
+    if (e < 0) return;
+    const long n0 = (long)blockIdx.y * EM_TILE;
+    float da[4][4], unused[4][4];
+    em_tile_products<W, false>(da, unused, act, a_row, down + (long)e * hidden * inter, down, inter, hidden, n0);
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int s = slot[ty * 4 + i];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const long r = n0 + tx * 4 + j;
+            if (r < hidden) out[(long)s * hidden + r] = da[i][j];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_experts_expert_major_gate_up_f32(float* act, const float* x, const int* order, const int* tiles,
+                                         const float* gate_up, int top_k, long hidden, long inter) {
+    em_gate_up<float>(act, x, order, tiles, gate_up, top_k, hidden, inter);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_experts_expert_major_gate_up_bf16(float* act, const float* x, const int* order, const int* tiles,
+                                          const bf16_t* gate_up, int top_k, long hidden, long inter) {
+    em_gate_up<bf16_t>(act, x, order, tiles, gate_up, top_k, hidden, inter);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_experts_expert_major_down_f32(float* out, const float* act, const int* order, const int* tiles,
+                                      const float* down, long hidden, long inter) {
+    em_down<float>(out, act, order, tiles, down, hidden, inter);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_experts_expert_major_down_bf16(float* out, const float* act, const int* order, const int* tiles,
+                                       const bf16_t* down, long hidden, long inter) {
+    em_down<bf16_t>(out, act, order, tiles, down, hidden, inter);
+}
+
+// y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused
+// multiply-add (the reference's sum); NaN where a slot's id is outside [0, experts) (its `out`
+// row was never written and is not read).
+extern "C" __global__ void moe_experts_expert_major_combine_f32(float* y, const float* out, const long long* ids,
+                                                                const float* w, long tokens, int top_k, long hidden,
+                                                                long experts) {
+    const long n = tokens * hidden;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const long t = i / hidden, r = i - t * hidden;
+        float acc = 0.0f;
+        for (int j = 0; j < top_k; j++) {
+            const long s = t * top_k + j;
+            const long long e = ids[s];
+            if (e < 0 || e >= experts) {
+                acc = MOE_NAN;
+                continue;
+            }
+            acc = __fadd_rn(acc, __fmul_rn(w[s], out[s * hidden + r]));
+        }
+        y[i] = acc;
     }
 }
 

@@ -35,10 +35,14 @@ run)
         echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
         export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels
+        # Every binary runs even when one fails, so that one run shows every failure.
+        failed=()
         for t in "${TESTS[@]}"; do
             echo "## $t"
-            "./gpu-bin/$t" --nocapture --test-threads=1
+            "./gpu-bin/$t" --nocapture --test-threads=1 || failed+=("$t")
         done
+        echo "## failed: ${failed[*]:-none}"
+        [ ${#failed[@]} -eq 0 ]
     } 2>&1 | tee "$log"
     ;;
 *)

@@ -33,6 +33,8 @@ pub struct BenchOptions {
 pub struct DecodeRow {
     pub context: usize,
     pub ms_per_token_graphs: f64,
+    /// Each segment's graph timed with device events over the replayed steps (ms per step).
+    pub ms_per_segment: Vec<f64>,
     pub ms_per_token_eager: f64,
     pub bytes_per_token: u64,
     /// Bytes per token over the step time, over the measured copy bandwidth (graphs on).
@@ -63,8 +65,8 @@ pub struct BenchReport {
     pub layer_kinds: String,
     pub weight_bytes_on_device: usize,
     pub copy_bandwidth_gb_s: f64,
-    /// The decode step is one segment (no host synchronisation inside: routing and selection
-    /// run on the device), so its time is the segment time.
+    /// Segments of the decode program (`passes::segment`: runs of nodes with no host work
+    /// between them, one CUDA graph each).
     pub segments_per_decode_step: usize,
     pub decode: Vec<DecodeRow>,
     pub decode_bytes_at_largest_context: ByteCount,
@@ -81,6 +83,9 @@ pub struct BenchReport {
     pub profiled_ms_per_step: f64,
     /// The slowest nodes of the profile, one row each.
     pub slowest_nodes: Vec<ProfileRow>,
+    /// A prefill chunk (the first of a prompt) timed node by node, by op kind and variant (ms
+    /// per chunk; bytes are not counted).
+    pub prefill_profile: Vec<ProfileRow>,
 }
 
 /// Nodes listed one by one in the profile.
@@ -395,6 +400,22 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             tokens_per_second: n as f64 / secs,
         });
     }
+    // Where a prefill chunk's time goes: the first chunk of a prompt, node by node.
+    let mut prefill_profile = Vec::new();
+    if !opts.prefills.is_empty() {
+        let len = opts.chunk.min(max_ctx);
+        let mut s = model.session();
+        s.cuda_profile(true);
+        let ids: Vec<u32> = (0..len).map(|i| token(i + 3, vocab)).collect();
+        s.prefill(&ids, LogitsMode::Last)?;
+        let nodes = s.cuda_profile(false);
+        let program = model.program(Phase::Prefill, len, LogitsMode::Last)?;
+        prefill_profile = profile_rows(&program, &nodes, 0, bandwidth).0;
+        for r in &mut prefill_profile {
+            r.bytes_per_step = 0;
+            r.fraction_of_copy_bandwidth = 0.0;
+        }
+    }
     let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
@@ -402,7 +423,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
-        let mut timed = |graphs: bool| -> Result<f64> {
+        let timed = |s: &mut crate::runtime::Session, graphs: bool| -> Result<f64> {
             s.set_cuda_graphs(graphs);
             for i in 0..3 {
                 s.decode(token(i, vocab))?;
@@ -413,8 +434,17 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             }
             Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
         };
-        let ms_graphs = timed(true)?;
-        let ms_eager = timed(false)?;
+        let ms_graphs = timed(&mut s, true)?;
+        s.cuda_segment_times(true);
+        for i in 0..opts.decode_steps.min(16) {
+            s.decode(token(i + 30, vocab))?;
+        }
+        let ms_per_segment: Vec<f64> = s
+            .cuda_segment_times(false)
+            .into_iter()
+            .map(|(n, ms)| ms / n.max(1) as f64)
+            .collect();
+        let ms_eager = timed(&mut s, false)?;
         if ctx == *opts.contexts.iter().max().unwrap_or(&ctx) {
             s.set_cuda_graphs(false);
             s.cuda_profile(true);
@@ -429,6 +459,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode.push(DecodeRow {
             context: ctx,
             ms_per_token_graphs: ms_graphs,
+            ms_per_segment,
             ms_per_token_eager: ms_eager,
             bytes_per_token: bytes,
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
@@ -440,7 +471,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         layer_kinds,
         weight_bytes_on_device: weight_bytes,
         copy_bandwidth_gb_s: bandwidth,
-        segments_per_decode_step: 1,
+        segments_per_decode_step: decode_program.segments.len(),
         decode,
         decode_bytes_at_largest_context: bytes_last,
         prefill,
@@ -449,6 +480,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         expert_fraction_of_copy_bandwidth: profile.2,
         profiled_ms_per_step: profile.3,
         slowest_nodes: profile.4,
+        prefill_profile,
     })
 }
 
@@ -466,21 +498,27 @@ impl std::fmt::Display for BenchReport {
             self.layer_kinds,
             self.weight_bytes_on_device as f64 / 1e9
         )?;
-        writeln!(f, "decode (batch 1, one segment per step):")?;
         writeln!(
             f,
-            "  {:>8} {:>12} {:>12} {:>14} {:>10}",
+            "decode (batch 1; {} segment(s) per step, one CUDA graph each):",
+            self.segments_per_decode_step
+        )?;
+        writeln!(
+            f,
+            "  {:>8} {:>12} {:>12} {:>14} {:>10}  ms per segment (graph, device events)",
             "context", "ms/tok graph", "ms/tok eager", "MB read/tok", "of copy bw"
         )?;
         for r in &self.decode {
+            let segs: Vec<String> = r.ms_per_segment.iter().map(|m| format!("{m:.3}")).collect();
             writeln!(
                 f,
-                "  {:>8} {:>12.3} {:>12.3} {:>14.1} {:>10.3}",
+                "  {:>8} {:>12.3} {:>12.3} {:>14.1} {:>10.3}  [{}]",
                 r.context,
                 r.ms_per_token_graphs,
                 r.ms_per_token_eager,
                 r.bytes_per_token as f64 / 1e6,
-                r.fraction_of_copy_bandwidth
+                r.fraction_of_copy_bandwidth,
+                segs.join(", ")
             )?;
         }
         let b = &self.decode_bytes_at_largest_context;
@@ -533,6 +571,20 @@ impl std::fmt::Display for BenchReport {
                 "  {:>6} tokens in chunks of {}: {:.3} s, {:.0} tokens/s",
                 r.prompt, r.chunk, r.seconds, r.tokens_per_second
             )?;
+        }
+        if !self.prefill_profile.is_empty() {
+            let total: f64 = self.prefill_profile.iter().map(|r| r.ms_per_step).sum();
+            writeln!(
+                f,
+                "prefill profile, first chunk (device events per node): {total:.1} ms in all"
+            )?;
+            for r in &self.prefill_profile {
+                writeln!(
+                    f,
+                    "  {:<24} {:>6} {:>10.3} ms",
+                    r.op, r.nodes_per_step, r.ms_per_step
+                )?;
+            }
         }
         Ok(())
     }

@@ -2,7 +2,10 @@
 //! against the CPU reference (`ops::rope`, `ops::indexer`, `ops::attention`), carried across
 //! several steps the way `exec::cpu` carries its states (raw keys appended, pooled block keys
 //! cached, k/v appended before attending): at tiny shapes with rows that are sparse, and at the
-//! real Qwen3.8-Flash-Next shapes over a context of ~3000 tokens (sparse from row 2051 on).
+//! real Qwen3.8-Flash-Next shapes over a context of ~3000 tokens (sparse from row 2051 on). The
+//! indexer alone is also run from filled states (tiny shapes at 9000 tokens; the real shape at
+//! 2040, 8k, 70k and 256k tokens: several top-k chunks per row) with steps of 1, 3, 8 and 64
+//! rows, and with queries that make every score or half of them tie at 0.
 //!
 //! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
 //! `results/`). Elsewhere (CI) it says so and checks nothing else.
@@ -16,7 +19,7 @@
 mod common;
 
 use common::gpu::*;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{sys, CudaSlice};
 use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::attention as attn;
 use graphrun::exec::cuda::{CudaError, Gpu};
@@ -161,6 +164,44 @@ fn decode_selection(sel: &[i32], rows: usize, keep: usize, block: usize) -> Vec<
         .collect()
 }
 
+/// Asserts the device's selection equal to the reference's row by row; a mismatch reports the
+/// reference's scores at the top-k boundary (a near-tie within an ulp or so tells a rounding
+/// difference from a bug). Returns the number of sparse rows.
+fn assert_selection(
+    label: &str,
+    got: &[RowSel],
+    want: &[RowSel],
+    queries: &[f32],
+    pooled: &[f32],
+    start: usize,
+    s: &IndexerShape,
+) -> usize {
+    let keep = s.budget / s.block;
+    for (t, (g, w)) in got.iter().zip(want).enumerate() {
+        if g != w {
+            let complete = (start + t + 1) / s.block;
+            let mut scores = reference_scores(queries, pooled, t, complete, s);
+            scores.sort_by(|a, b| b.total_cmp(a));
+            let boundary = if complete > keep && keep > 0 {
+                let (kth, next) = (scores[keep - 1], scores[keep]);
+                format!(
+                    "reference scores at the boundary: {kth:e} (k-th) vs {next:e}, relative gap {:e}",
+                    ((kth - next) / kth.abs().max(f32::MIN_POSITIVE)) as f64
+                )
+            } else {
+                "row is dense on the reference side".to_string()
+            };
+            panic!(
+                "{label}: selection of row {t} (position {}) differs: {boundary}\n gpu {g:?}\n cpu {w:?}",
+                start + t
+            );
+        }
+    }
+    want.iter()
+        .filter(|r| matches!(r, RowSel::Sparse { .. }))
+        .count()
+}
+
 fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let s = &g.indexer;
@@ -261,7 +302,7 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
         );
         let pooled_dev = gpu.download(&d_pooled, "pooled").unwrap();
         check(
-            "indexer_select_pool_f32",
+            "indexer_select_prep_f32",
             &format!("{label} {} blocks", pooled.len() / id),
             &pooled_dev[..pooled.len()],
             &pooled,
@@ -280,31 +321,7 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
 
         // Selection: exactly equal.
         let sel_gpu = decode_selection(&sel_dev, rows, keep, block);
-        let sparse = sel_cpu
-            .iter()
-            .filter(|r| matches!(r, RowSel::Sparse { .. }))
-            .count();
-        for (t, (got, want)) in sel_gpu.iter().zip(&sel_cpu).enumerate() {
-            if got != want {
-                let visible = start + t + 1;
-                let complete = visible / block;
-                let mut scores = reference_scores(&iq, &pooled, t, complete, s);
-                scores.sort_by(|a, b| b.total_cmp(a));
-                let boundary = if complete > keep && keep > 0 {
-                    let (kth, next) = (scores[keep - 1], scores[keep]);
-                    format!(
-                        "reference scores at the boundary: {kth:e} (k-th) vs {next:e}, relative gap {:e}",
-                        ((kth - next) / kth.abs().max(f32::MIN_POSITIVE)) as f64
-                    )
-                } else {
-                    "row is dense on the reference side".to_string()
-                };
-                panic!(
-                    "{label}: selection of row {t} (position {}) differs: {boundary}\n gpu {got:?}\n cpu {want:?}",
-                    start + t
-                );
-            }
-        }
+        let sparse = assert_selection(&label, &sel_gpu, &sel_cpu, &iq, &pooled, start, s);
         println!(
             "{:<28} {:<34} {rows} rows equal ({sparse} sparse)",
             "indexer_select (selection)", label
@@ -619,7 +636,7 @@ fn indexer_select_at_256k_context() {
         let label = format!("256k T{rows} @{start}");
         let pooled_dev = gpu.download(&d_pooled, "pooled").unwrap();
         check(
-            "indexer_select_pool_f32",
+            "indexer_select_prep_f32",
             &label,
             &pooled_dev[..pooled.len()],
             &pooled,
@@ -640,6 +657,202 @@ fn indexer_select_at_256k_context() {
             pooled.len() / id
         );
     }
+}
+
+/// The queries of a step of [`indexer_steps`].
+#[derive(Clone, Copy, Debug)]
+enum Queries {
+    /// Uniform in [-1, 1).
+    Random,
+    /// All zero: every score is 0, so every block ties and the lowest `keep` are kept (more
+    /// candidates than the top-k keeps in shared memory once a row has over 4096 blocks).
+    Zero,
+    /// Head 0 only (the other heads zero): about half the scores are 0, so near the dense/sparse
+    /// boundary the k-th score is 0 and only some of the tied blocks are kept.
+    OneHead,
+}
+
+/// `indexer_select` alone from a state filled to `fill` positions (random raw keys, pooled by
+/// the reference and uploaded), then `steps` of (rows, queries) at consecutive positions, each on
+/// fresh random keys and queries: the step's raw keys, the pooled keys it completes and the
+/// selection are checked against the reference (`ops::indexer`).
+#[allow(clippy::too_many_arguments)]
+fn indexer_steps(
+    gpu: &Gpu,
+    name: &str,
+    s: &IndexerShape,
+    theta: f64,
+    capacity: usize,
+    fill: usize,
+    steps: &[(usize, Queries)],
+    seed: u64,
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let eps = 1e-6f32;
+    let (id, keep) = (s.head_dim, s.budget / s.block);
+    let k_norm = random(&mut rng, id);
+    let dk_norm = gpu.upload(&k_norm, "k_norm").unwrap();
+    let mut raw = random(&mut rng, fill * id);
+    let mut pooled = Vec::new();
+    pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+    let padded = |v: &[f32], len: usize| {
+        let mut p = v.to_vec();
+        p.resize(len, 0.0);
+        p
+    };
+    let mut d_raw = gpu.upload(&padded(&raw, capacity * id), "raw").unwrap();
+    let mut d_pooled = gpu
+        .upload(&padded(&pooled, capacity / s.block * id), "pooled")
+        .unwrap();
+    let mut start = fill;
+    for &(rows, queries) in steps {
+        let label = format!(
+            "{name} {}x{id} b{} k{keep} T{rows} @{start} {queries:?}",
+            s.heads, s.block
+        );
+        let mut iq = random(&mut rng, rows * s.heads * id);
+        match queries {
+            Queries::Random => {}
+            Queries::Zero => iq.fill(0.0),
+            Queries::OneHead => iq
+                .chunks_mut(s.heads * id)
+                .for_each(|row| row[id..].fill(0.0)),
+        }
+        let ik = random(&mut rng, rows * id);
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let d_sel = attn::indexer_select(
+            gpu,
+            &gpu.upload(&iq, "iq").unwrap(),
+            &gpu.upload(&ik, "ik").unwrap(),
+            &dk_norm,
+            &mut d_raw,
+            &mut d_pooled,
+            rows,
+            &step,
+            s,
+            capacity,
+            eps,
+            theta,
+        )
+        .unwrap();
+        gpu.sync(&label).unwrap();
+
+        // Reference (as exec::cpu).
+        raw.extend_from_slice(&ik);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+        let want = select(&iq, &pooled, rows, start, s);
+
+        let raw_dev = gpu
+            .stream
+            .clone_dtoh(&d_raw.slice(start * id..(start + rows) * id))
+            .unwrap();
+        assert!(raw_dev == ik, "{label}: raw keys differ");
+        let first = start / s.block * id;
+        if pooled.len() > first {
+            let got = gpu
+                .stream
+                .clone_dtoh(&d_pooled.slice(first..pooled.len()))
+                .unwrap();
+            check("indexer_select_prep_f32", &label, &got, &pooled[first..]);
+        }
+        let got = decode_selection(
+            &gpu.download(&d_sel, "selection").unwrap(),
+            rows,
+            keep,
+            s.block,
+        );
+        let sparse = assert_selection(&label, &got, &want, &iq, &pooled, start, s);
+        println!(
+            "{:<28} {label:<44} {rows} rows equal ({sparse} sparse, {} blocks)",
+            "indexer_select (selection)",
+            pooled.len() / id
+        );
+        start += rows;
+    }
+}
+
+/// Steps of 1, 3, 8 and 64 rows, then ties (all scores 0) and partial ties (one head).
+const ROWS_1_3_8_64: [(usize, Queries); 8] = [
+    (1, Queries::Random),
+    (3, Queries::Random),
+    (8, Queries::Random),
+    (64, Queries::Random),
+    (1, Queries::Zero),
+    (8, Queries::OneHead),
+    (64, Queries::Zero),
+    (3, Queries::OneHead),
+];
+
+/// The indexer at tiny shapes (block 2..4, 1..5 heads, head_dim 6 (not a multiple of 4), 8, 12;
+/// keep 0..10), from position 0 (rows crossing into sparse) and from 9000 tokens (4500 blocks:
+/// several top-k chunks; the all-zero step has more tied candidates than the top-k holds).
+#[test]
+fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let shapes = [
+        (2, 8, 4, 4, 2),
+        (3, 8, 8, 9, 3),
+        (1, 6, 4, 6, 2),
+        (5, 12, 6, 40, 4),
+        (2, 8, 4, 1, 2),
+    ];
+    for (i, (heads, head_dim, rotary_dim, budget, block)) in shapes.into_iter().enumerate() {
+        let s = IndexerShape {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        };
+        for fill in [0, 9000] {
+            indexer_steps(
+                &gpu,
+                "tiny",
+                &s,
+                10_000.0,
+                10_000,
+                fill,
+                &ROWS_1_3_8_64,
+                0x1d0 + i as u64,
+            );
+        }
+    }
+}
+
+/// The indexer at the real shapes (4 heads of 128, rot 64, block 4, budget 2048: 512 blocks
+/// kept) across the dense/sparse boundary (position 2051; one-head queries there put the k-th
+/// score at 0 among ties), at 8k tokens (2048 blocks: one top-k chunk) and at 70k tokens (17.5k
+/// blocks: 9 chunks, the all-zero steps over the top-k's shared candidates): steps of 1, 3, 8
+/// and 64 rows on fresh random inputs.
+#[test]
+fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let s = IndexerShape {
+        heads: 4,
+        head_dim: 128,
+        rotary_dim: 64,
+        budget: 2048,
+        block: 4,
+    };
+    let boundary = [
+        (8, Queries::Random),
+        (64, Queries::OneHead),
+        (3, Queries::Zero),
+        (1, Queries::OneHead),
+        (64, Queries::Random),
+    ];
+    indexer_steps(&gpu, "real", &s, 1e7, 4096, 2040, &boundary, 0x2051);
+    indexer_steps(&gpu, "real", &s, 1e7, 8448, 8100, &ROWS_1_3_8_64, 0x8000);
+    indexer_steps(
+        &gpu,
+        "real",
+        &s,
+        1e7,
+        73_728,
+        70_000,
+        &ROWS_1_3_8_64,
+        0x70000,
+    );
 }
 
 /// A bad launch is an error naming the kernel, not a crash.
@@ -664,11 +877,14 @@ fn shape_errors_name_the_kernel() {
     assert!(err.to_string().contains("attention_reference_f32"), "{err}");
 }
 
-/// Wall time per call (launches, scratch allocation and the kernels, after a sync) at the real
-/// geometry with 256k tokens of context: `cargo test --release --test gpu_attention -- --ignored`.
+/// Time per call at the real geometry with 8k and 256k tokens of context (caches of exactly that
+/// capacity), rows 1, 8 and 64: the wall time of eager calls (launches, scratch allocation and
+/// the kernels, after a sync) and, for the indexer, of a CUDA graph of 20 calls replayed (the
+/// kernels back to back, as in a captured decode step):
+/// `cargo test --release --test gpu_attention -- --ignored --nocapture`.
 #[test]
 #[ignore = "timings, run by hand on the GPU machine"]
-fn timings_at_256k_context() {
+fn timings_at_8k_and_256k_context() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x7173);
     let s = IndexerShape {
@@ -679,84 +895,113 @@ fn timings_at_256k_context() {
         block: 4,
     };
     let (heads, kv_heads, hd) = (24usize, 2usize, 256usize);
-    let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
+    let (eps, theta) = (1e-6f32, 1e7);
     let keep = s.budget / s.block;
     let kw = kv_heads * hd;
     let dk_norm = gpu.upload(&random(&mut rng, s.head_dim), "k_norm").unwrap();
-    let mut d_raw = gpu
-        .upload(&random(&mut rng, capacity * s.head_dim), "raw")
-        .unwrap();
-    let mut d_pooled = gpu
-        .upload(&random(&mut rng, capacity / s.block * s.head_dim), "pooled")
-        .unwrap();
-    let mut d_kc = gpu.upload(&random(&mut rng, capacity * kw), "k").unwrap();
-    let mut d_vc = gpu.upload(&random(&mut rng, capacity * kw), "v").unwrap();
+    let n = 20;
     let time = |what: &str, f: &mut dyn FnMut()| {
         f();
         gpu.sync(what).unwrap();
-        let n = 20;
         let t0 = std::time::Instant::now();
         for _ in 0..n {
             f();
         }
         gpu.sync(what).unwrap();
         println!(
-            "{what:<44} {:>9.1} us",
+            "{what:<52} {:>9.1} us",
             t0.elapsed().as_secs_f64() * 1e6 / n as f64
         );
     };
-    for rows in [1usize, 8, 64] {
-        let start = capacity - rows;
-        let step = gpu.upload(&[start as i64], "step").unwrap();
-        let iq = gpu
-            .upload(&random(&mut rng, rows * s.heads * s.head_dim), "iq")
+    let time_graph = |what: &str, f: &mut dyn FnMut()| {
+        f();
+        gpu.sync(what).unwrap();
+        gpu.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .unwrap();
-        let ik = gpu
-            .upload(&random(&mut rng, rows * s.head_dim), "ik")
-            .unwrap();
-        let q = gpu
-            .upload(&random(&mut rng, rows * heads * hd), "q")
-            .unwrap();
-        let k = gpu.upload(&random(&mut rng, rows * kw), "k").unwrap();
-        let v = gpu.upload(&random(&mut rng, rows * kw), "v").unwrap();
-        time(&format!("rope T{rows} 24x256 rot64"), &mut || {
-            attn::rope(&gpu, &q, rows, &step, hd, 64, theta).unwrap();
-        });
-        let mut sel = None;
-        time(
-            &format!("indexer_select T{rows} @{start} (65536 blocks)"),
-            &mut || {
-                sel = Some(
-                    attn::indexer_select(
-                        &gpu,
-                        &iq,
-                        &ik,
-                        &dk_norm,
-                        &mut d_raw,
-                        &mut d_pooled,
-                        rows,
-                        &step,
-                        &s,
-                        capacity,
-                        eps,
-                        theta,
-                    )
-                    .unwrap(),
-                );
-            },
+        for _ in 0..n {
+            f();
+        }
+        let graph = gpu
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("the capture made a graph");
+        graph.launch().unwrap();
+        gpu.sync(what).unwrap();
+        let replays = 10;
+        let t0 = std::time::Instant::now();
+        for _ in 0..replays {
+            graph.launch().unwrap();
+        }
+        gpu.sync(what).unwrap();
+        println!(
+            "{what:<52} {:>9.1} us per call in a graph",
+            t0.elapsed().as_secs_f64() * 1e6 / (n * replays) as f64
         );
-        let sel = sel.unwrap();
-        for variant in [REFERENCE, SPLIT] {
-            time(
-                &format!("{} T{rows} 24/2x256 (2051 positions)", variant.kernel),
-                &mut || {
-                    (variant.launch)(
-                        &gpu, &q, &k, &v, &sel, &mut d_kc, &mut d_vc, rows, &step, heads, kv_heads,
-                        hd, capacity, keep, s.block,
-                    )
-                    .unwrap();
-                },
+    };
+    for capacity in [8192usize, 262_144] {
+        let mut d_raw = gpu
+            .upload(&random(&mut rng, capacity * s.head_dim), "raw")
+            .unwrap();
+        let mut d_pooled = gpu
+            .upload(&random(&mut rng, capacity / s.block * s.head_dim), "pooled")
+            .unwrap();
+        let mut d_kc = gpu.upload(&random(&mut rng, capacity * kw), "k").unwrap();
+        let mut d_vc = gpu.upload(&random(&mut rng, capacity * kw), "v").unwrap();
+        for rows in [1usize, 8, 64] {
+            let start = capacity - rows;
+            let step = gpu.upload(&[start as i64], "step").unwrap();
+            let iq = gpu
+                .upload(&random(&mut rng, rows * s.heads * s.head_dim), "iq")
+                .unwrap();
+            let ik = gpu
+                .upload(&random(&mut rng, rows * s.head_dim), "ik")
+                .unwrap();
+            let q = gpu
+                .upload(&random(&mut rng, rows * heads * hd), "q")
+                .unwrap();
+            let k = gpu.upload(&random(&mut rng, rows * kw), "k").unwrap();
+            let v = gpu.upload(&random(&mut rng, rows * kw), "v").unwrap();
+            time(&format!("rope T{rows} 24x256 rot64"), &mut || {
+                attn::rope(&gpu, &q, rows, &step, hd, 64, theta).unwrap();
+            });
+            let what = format!(
+                "indexer_select T{rows} @{start} ({} blocks)",
+                capacity / s.block
             );
+            let mut select_once = || {
+                attn::indexer_select(
+                    &gpu,
+                    &iq,
+                    &ik,
+                    &dk_norm,
+                    &mut d_raw,
+                    &mut d_pooled,
+                    rows,
+                    &step,
+                    &s,
+                    capacity,
+                    eps,
+                    theta,
+                )
+                .unwrap()
+            };
+            time(&what, &mut || drop(select_once()));
+            time_graph(&what, &mut || drop(select_once()));
+            let sel = select_once();
+            for variant in [REFERENCE, SPLIT] {
+                time(
+                    &format!("{} T{rows} 24/2x256 (2051 positions)", variant.kernel),
+                    &mut || {
+                        (variant.launch)(
+                            &gpu, &q, &k, &v, &sel, &mut d_kc, &mut d_vc, rows, &step, heads,
+                            kv_heads, hd, capacity, keep, s.block,
+                        )
+                        .unwrap();
+                    },
+                );
+            }
         }
     }
 }

@@ -153,3 +153,54 @@ fn sync_each_node_gives_the_same_logits() {
         a.len()
     );
 }
+
+/// A prompt long enough for the prefill variants (`linear.cuda_mma` on bf16 weights and
+/// `moe.cuda_expert_major`, both from 64 tokens), on every fixture model: the GPU's logits for
+/// every position within the bound of the CPU's, in one chunk and in chunks of 100 + the rest.
+#[test]
+fn long_prompts_take_the_prefill_variants() {
+    if let Err(e) = probe() {
+        println!("GPU end-to-end tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh");
+        return;
+    }
+    for dir in common::fixture_dirs() {
+        let gpu = Model::load(&dir, cuda()).unwrap();
+        let cpu = Model::load(&dir, ModelOptions::default()).unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let vocab = gpu.plan.vocab_size as u64;
+        let prompt: Vec<u32> = (0..230u64)
+            .map(|i| ((i * 7919 + 13) % vocab) as u32)
+            .collect();
+
+        let program = gpu
+            .program(graphrun::ir::Phase::Prefill, prompt.len(), LogitsMode::All)
+            .unwrap();
+        let variants: std::collections::BTreeSet<String> = program
+            .nodes
+            .iter()
+            .filter(|n| n.variant != "reference")
+            .map(|n| format!("{}/{}", n.op.kind(), n.variant))
+            .collect();
+        assert!(
+            variants.contains("moe_experts/expert_major"),
+            "{variants:?}"
+        );
+        if gpu.weight_dtype == "bf16" {
+            assert!(variants.contains("linear/mma"), "{variants:?}");
+        }
+
+        let want = cpu.session().prefill(&prompt, LogitsMode::All).unwrap();
+        let got = gpu.session().prefill(&prompt, LogitsMode::All).unwrap();
+        let whole = common::max_row_rel_err(&got.data, &want.data, want.vocab);
+        let mut s = gpu.session();
+        let mut rows = s.prefill(&prompt[..100], LogitsMode::All).unwrap().data;
+        rows.extend(s.prefill(&prompt[100..], LogitsMode::All).unwrap().data);
+        let chunked = common::max_row_rel_err(&rows, &want.data, want.vocab);
+        println!(
+            "{name:<22} weights {:<5} {} tokens, variants {variants:?}: vs cpu {whole:.2e}, chunks of 100 + 130 vs cpu {chunked:.2e}",
+            gpu.weight_dtype,
+            prompt.len()
+        );
+        assert!(whole <= TOLERANCE && chunked <= TOLERANCE, "{name}");
+    }
+}

@@ -11,7 +11,8 @@
 mod common;
 
 use common::gpu::*;
-use graphrun::exec::cuda::launch::{self, DeviceMatrix};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use graphrun::exec::cuda::launch::{self, DeviceMatrix, MmaTile};
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -93,9 +94,12 @@ fn kernels_match_the_cpu_reference() {
     }
 
     // RMS norms: (rows, width, group, weight len): tiny hc_norm; real hc_norm (CH 10240 in
-    // groups of H 2560); real q_norm (24 heads of 256, weight shared); real GDN-sized groups.
+    // groups of H 2560); real q_norm (24 heads of 256, weight shared); real GDN-sized groups;
+    // groups that are not whole float4s (the scalar path) and one group of the whole 10240.
     for (rows, width, group, wlen) in [
         (3, 256, 64, 256),
+        (2, 74, 37, 74),
+        (3, 10240, 10240, 10240),
         (64, 10240, 2560, 10240),
         (16, 6144, 256, 256),
         (1, 10240, 2560, 10240),
@@ -194,6 +198,77 @@ fn kernels_match_the_cpu_reference() {
         );
     }
 
+    // The tensor-core kernels (bf16 weights; x split into bf16 hi + lo, see kernels/linear.cu),
+    // both tiles: tiny odd shapes (partial tiles in T, n and k; k a multiple of 8, not of 32),
+    // whole tiles, large activations, and the real prefill shapes: T 64/512/2048 through GDN
+    // in_proj_qkv 2560->10240 and o_proj 6144->2560, and the lm_head 2560->248320 at T 64.
+    // Expected: about 2e-6 relative (the split leaves |x - hi - lo| <= 2^-18 |x| per product,
+    // about 2.1e-6 RMS on uniform inputs; the tensor cores accumulate in f32), under the f32
+    // bound. Each output starts as NaN (an arena slot filled with NaN): an unwritten value fails.
+    // k % 8 != 0 and f32 weights go to linear_tiled.
+    let mma = |tile: Option<MmaTile>,
+               dx: &CudaSlice<f32>,
+               dw: &DeviceMatrix,
+               t: usize,
+               k: usize,
+               n: usize| {
+        let poison = gpu.upload(&vec![f32::NAN; t * n], "poison").unwrap();
+        gpu.set_slots(&[(poison.device_ptr(&gpu.stream).0, t * n * 4)]);
+        let y = match tile {
+            Some(tile) => launch::linear_mma_tiles(&gpu, dx, dw, t, k, n, tile),
+            None => launch::linear_mma(&gpu, dx, dw, t, k, n),
+        }
+        .unwrap();
+        let got = gpu.download(&y, "y").unwrap();
+        drop(y);
+        got
+    };
+    for (t, k, n, scale) in [
+        (65, 40, 19, 1.0),
+        (1, 8, 1, 1.0),
+        (3, 72, 70, 1.0),
+        (130, 48, 131, 1.0),
+        (128, 64, 128, 1.0),
+        (200, 264, 200, 1000.0),
+        (64, 2560, 10240, 1.0),
+        (512, 2560, 10240, 1.0),
+        (2048, 2560, 10240, 1.0),
+        (64, 6144, 2560, 1.0),
+        (512, 6144, 2560, 1.0),
+        (2048, 6144, 2560, 1.0),
+        (64, 2560, 248320, 1.0),
+    ] {
+        let x = random_scaled(&mut rng, t * k, scale);
+        let bits = bf16_bits(&random(&mut rng, n * k));
+        let dx = gpu.upload(&x, "x").unwrap();
+        let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
+        let want = linear::tiled(&x, &widen(&bits), t, k, n);
+        let s = format!("T{t} {k}->{n}{}", if scale != 1.0 { " x*1000" } else { "" });
+        for (tile, kernel) in [
+            (MmaTile::Large, "linear_mma_bf16"),
+            (MmaTile::Small, "linear_mma64_bf16"),
+        ] {
+            report.check(kernel, &s, &mma(Some(tile), &dx, &dw, t, k, n), &want);
+        }
+    }
+    for (t, k, n, bf16) in [(9, 37, 53, true), (65, 40, 19, false)] {
+        let x = random(&mut rng, t * k);
+        let w = random(&mut rng, n * k);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let (dw, want, what) = if bf16 {
+            let bits = bf16_bits(&w);
+            let want = linear::tiled(&x, &widen(&bits), t, k, n);
+            let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
+            (dw, want, "linear_mma (k % 8 != 0: tiled)")
+        } else {
+            let want = linear::tiled(&x, &w, t, k, n);
+            let dw = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
+            (dw, want, "linear_mma (f32 weights: tiled)")
+        };
+        let got = mma(None, &dx, &dw, t, k, n);
+        report.check(what, &format!("T{t} {k}->{n}"), &got, &want);
+    }
+
     // Embedding gathers: tiny, and the real vocabulary (248320 x 2560, bf16) and PLE lookup shape.
     for (rows, d, count, bf16) in [
         (99, 16, 7, false),
@@ -248,5 +323,9 @@ fn shape_errors_name_the_kernel() {
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 3).expect_err("a shape error");
+    // One token takes the single-accumulator instantiation.
+    assert!(err.to_string().contains("linear_rows1_f32"), "{err}");
+    let x8 = gpu.upload(&[1.0f32; 20], "x").unwrap();
+    let err = launch::linear_rows(&gpu, &x8, &w, 2, 10, 3).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows_f32"), "{err}");
 }

@@ -294,6 +294,26 @@ fn layout_kernels_match_the_cpu_reference() {
         );
     }
 
+    // The shared expert's gate and sum: tiny odd shapes (scalar dot), the real H 2560 at 1 and
+    // 16 rows.
+    for (rows, h, d) in [(3, 37, 19), (2, 64, 33), (1, 2560, 2560), (16, 2560, 2560)] {
+        let x = random(&mut rng, rows * h);
+        let w = random(&mut rng, h);
+        let b = random(&mut rng, rows * d);
+        let a = random(&mut rng, rows * d);
+        let (dx, dw) = (gpu.upload(&x, "x").unwrap(), gpu.upload(&w, "w").unwrap());
+        let (db, da) = (gpu.upload(&b, "b").unwrap(), gpu.upload(&a, "a").unwrap());
+        report.check(
+            "sigmoid_gated_add_reference_f32",
+            &format!("T{rows} H{h} D{d}"),
+            &get(
+                &gpu,
+                &layout::sigmoid_gated_add(&gpu, &dx, &dw, &db, &da, rows).unwrap(),
+            ),
+            &linear::sigmoid_gated_add(&x, &w, &b, &a, rows),
+        );
+    }
+
     gpu.sync("the layout kernel checks").unwrap();
     println!(
         "{} checks passed; compiled this run: {:?}",

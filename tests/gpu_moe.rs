@@ -1,19 +1,25 @@
 //! The MoE and PLE n-gram kernels (`kernels/moe.cu`, `src/exec/cuda/launch/moe.rs`) against the
 //! CPU reference (`ops::moe::{route, token_major}`, `ops::ple::ngram_ids`) on fresh random inputs,
-//! at tiny shapes and at the real ones (512 experts, top 10; H 2560, I 640 with 64 experts to save
-//! memory; 1 and 16 rows).
+//! at tiny shapes and at the real ones (512 experts, top 10, at 1, 3, 8, 64 and 300 rows; H 2560,
+//! I 640 with 64 experts to save memory, at 1, 3, 8 and 64 rows token-major, 8, 64 and 300
+//! expert-major).
 //!
 //! Runs where a CUDA device is present (the GPU machine: `scripts/gpu_tests.sh`, logs in
 //! `results/`). Elsewhere (CI) it says so and checks nothing else.
 //!
-//! Bounds: router ids exactly equal, weights within 1e-6 relative (the device's exp is not the
-//! CPU's; the sums are in the reference's order); experts within 1e-5 relative (‖gpu − cpu‖ /
-//! ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against the reference on the
-//! same bf16 values widened; n-gram ids and the carried history exactly equal.
+//! Bounds: the router's ids and weights bit-equal to the reference computed with the device's
+//! exp (`exp` in f64 rounded to f32), by every path of the kernel (pieces of the sum or one
+//! thread; selection on the logits or on the probabilities); ids equal to `ops::moe::route`'s
+//! and weights within 1e-6 relative (the CPU's expf is not the device's; rows with near-ties
+//! among the top k + 1 are drawn again, deliberate ties are exact in both). Experts within 1e-5
+//! relative (‖gpu − cpu‖ / ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against
+//! the reference on the same bf16 values widened; n-gram ids and the carried history exactly
+//! equal.
 
 mod common;
 
 use common::gpu::*;
+use graphrun::exec::cuda::launch::moe::RouterPaths;
 use graphrun::exec::cuda::launch::{moe as gmoe, DeviceMatrix};
 use graphrun::exec::cuda::Gpu;
 use graphrun::ops::{moe, ple};
@@ -21,6 +27,40 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const ROUTER_WEIGHT_BOUND: f32 = 1e-6;
+
+/// The device's exp: f64, rounded once to f32.
+fn device_exp(x: f32) -> f32 {
+    (x as f64).exp() as f32
+}
+
+/// `ops::moe::route` with the device's exp: what the kernel must equal bit for bit.
+fn route_device_exp(
+    logits: &[f32],
+    experts: usize,
+    k: usize,
+    normalize: bool,
+) -> (Vec<i64>, Vec<f32>) {
+    let mut ids = Vec::new();
+    let mut weights = Vec::new();
+    for row in logits.chunks(experts) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = row.iter().map(|&l| device_exp(l - max)).collect();
+        let sum: f32 = exps.iter().sum();
+        let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+        let mut order: Vec<usize> = (0..experts).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let total: f32 = order[..k].iter().map(|&e| probs[e]).sum();
+        for &e in &order[..k] {
+            ids.push(e as i64);
+            weights.push(if normalize {
+                probs[e] / total
+            } else {
+                probs[e]
+            });
+        }
+    }
+    (ids, weights)
+}
 
 /// The reference's softmax of one row (as `ops::moe::route` computes it).
 fn softmax(row: &[f32]) -> Vec<f32> {
@@ -56,45 +96,180 @@ fn logits(rng: &mut ChaCha8Rng, rows: usize, experts: usize, k: usize) -> Vec<f3
     out
 }
 
+/// Logits in steps of 0.5 from -3 to 3: many exact ties, at the k-th place too.
+fn tied_logits(rng: &mut ChaCha8Rng, rows: usize, experts: usize) -> Vec<f32> {
+    (0..rows * experts)
+        .map(|_| rng.random_range(-6i32..=6) as f32 * 0.5)
+        .collect()
+}
+
+/// Rows where two experts have different logits but the same probability (adjacent floats near
+/// -0.3, whose exps round alike on the CPU and the device), the higher logit on the higher id:
+/// the logit order and the reference's (probability, then id) disagree. Even rows: the pair at
+/// the k-th and (k+1)-th places (the reference keeps the lower id, outside the logit top k);
+/// odd rows: both inside the top k (only their order changes). The max logit is 0, a few others
+/// just below it, the rest well below and well apart.
+fn equal_probability_logits(
+    rng: &mut ChaCha8Rng,
+    rows: usize,
+    experts: usize,
+    k: usize,
+) -> Vec<f32> {
+    assert!(experts >= 64 && k >= 4);
+    let mut out = Vec::with_capacity(rows * experts);
+    for r in 0..rows {
+        // The rest: distinct, 0.003 apart (no near-ties), in a random order, below -1.
+        let mut row: Vec<f32> = (0..experts).map(|i| -1.0 - 0.003 * i as f32).collect();
+        for i in (1..experts).rev() {
+            row.swap(i, rng.random_range(0..=i));
+        }
+        let mut x = -0.3f32 + 0.001 * r as f32;
+        loop {
+            let y = x.next_up();
+            if device_exp(x) == device_exp(y) && x.exp() == y.exp() && x.exp() == device_exp(x) {
+                break;
+            }
+            x = y;
+        }
+        let y = x.next_up();
+        let (low, high) = if r % 2 == 0 {
+            (experts / 8, experts / 2)
+        } else {
+            (experts / 4 + 1, experts - 3)
+        };
+        row[3] = 0.0;
+        let above = if r % 2 == 0 { k - 2 } else { k - 4 };
+        for (b, v) in row[experts - 3 - above - 1..experts - 4]
+            .iter_mut()
+            .enumerate()
+        {
+            *v = -0.2 + 0.01 * b as f32;
+        }
+        row[low] = x;
+        row[high] = y;
+        out.extend(row);
+    }
+    out
+}
+
+/// Rows whose exps underflow to 0 (and -inf logits): zero probabilities among the chosen,
+/// ordered by id.
+fn zero_probability_logits(experts: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(2 * experts);
+    out.extend((0..experts).map(|i| if i < 5 { i as f32 } else { -200.0 - i as f32 }));
+    out.extend((0..experts).map(|i| if i % 100 == 0 { 0.5 } else { f32::NEG_INFINITY }));
+    out
+}
+
+/// Routes `l` on the device by every path and checks them all: bit-equal to one another and to
+/// the reference with the device's exp; ids equal to `ops::moe::route`'s and weights within
+/// ROUTER_WEIGHT_BOUND.
+fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
+    let dl = gpu.upload(l, "logits").unwrap();
+    let paths = [
+        RouterPaths::default(),
+        RouterPaths {
+            window: -1,
+            ..RouterPaths::default()
+        },
+        RouterPaths {
+            window: 0,
+            ..RouterPaths::default()
+        },
+        RouterPaths {
+            select_on_probabilities: true,
+            ..RouterPaths::default()
+        },
+    ];
+    for normalize in [true, false] {
+        let shape = format!("{what} {rows}x{experts} top {k} norm {}", normalize as u8);
+        let (want_ids, want_w) = moe::route(l, experts, k, normalize);
+        let (exact_ids, exact_w) = route_device_exp(l, experts, k, normalize);
+        for p in paths {
+            let (ids, w) =
+                gmoe::moe_router_paths(gpu, &dl, rows, experts, k, normalize, p).unwrap();
+            let got_ids = gpu.download(&ids, "ids").unwrap();
+            let got_w = gpu.download(&w, "weights").unwrap();
+            assert_eq!(got_ids, exact_ids, "moe_router ids at {shape}, {p:?}");
+            for (i, (g, r)) in got_w.iter().zip(&exact_w).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    r.to_bits(),
+                    "moe_router weight {i} at {shape}, {p:?}: {g} vs {r} (device exp)"
+                );
+            }
+        }
+        let (ids, w) = gmoe::moe_router(gpu, &dl, rows, experts, k, normalize).unwrap();
+        let got_ids = gpu.download(&ids, "ids").unwrap();
+        let got_w = gpu.download(&w, "weights").unwrap();
+        assert_eq!(got_ids, want_ids, "moe_router ids at {shape} (CPU exp)");
+        let (mut worst, mut equal) = (0.0f32, 0);
+        for (i, (&g, &r)) in got_w.iter().zip(&want_w).enumerate() {
+            let rel = if g == r { 0.0 } else { (g - r).abs() / r.abs() };
+            assert!(
+                rel <= ROUTER_WEIGHT_BOUND,
+                "moe_router weight {i} at {shape}: {g} vs {r} (rel {rel:e})"
+            );
+            worst = worst.max(rel);
+            equal += (g.to_bits() == r.to_bits()) as usize;
+        }
+        println!(
+            "{:<28} {shape:<44} every path bit-equal to the device-exp reference; CPU ref: ids \
+             equal, weights rel {worst:.2e}, bit-equal {:.1}%",
+            "moe_router_reference_f32",
+            100.0 * equal as f64 / got_w.len().max(1) as f64
+        );
+    }
+}
+
 #[test]
 fn router_matches_the_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
-    // (rows, experts, top_k): tiny; not a multiple of 32; the real 512/10 at decode, 16 rows
-    // and a prefill; more experts than threads per block; the largest top k.
+    // (rows, experts, top_k): tiny (one piece of the sum); not a multiple of 32; 2 and 3 pieces;
+    // the real 512/10 at decode, at 3, 8, 64 rows and a prefill; more experts than softmax
+    // threads (the selection scans memory); the largest top k; top k = experts.
     for (rows, experts, k) in [
         (3, 8, 2),
         (5, 60, 7),
+        (2, 100, 5),
+        (3, 300, 10),
         (1, 512, 10),
-        (16, 512, 10),
+        (3, 512, 10),
+        (8, 512, 10),
+        (64, 512, 10),
         (300, 512, 10),
+        (2, 513, 10),
         (2, 1000, 64),
         (4, 64, 64),
+        (1, 33, 33),
     ] {
         let l = logits(&mut rng, rows, experts, k);
-        let dl = gpu.upload(&l, "logits").unwrap();
-        for normalize in [true, false] {
-            let (want_ids, want_w) = moe::route(&l, experts, k, normalize);
-            let (ids, w) = gmoe::moe_router(&gpu, &dl, rows, experts, k, normalize).unwrap();
-            let got_ids = gpu.download(&ids, "ids").unwrap();
-            let got_w = gpu.download(&w, "weights").unwrap();
-            let shape = format!("{rows}x{experts} top {k} norm {}", normalize as u8);
-            assert_eq!(got_ids, want_ids, "moe_router ids at {shape}");
-            let mut worst = 0.0f32;
-            for (i, (&g, &r)) in got_w.iter().zip(&want_w).enumerate() {
-                let rel = (g - r).abs() / r.abs();
-                assert!(
-                    rel <= ROUTER_WEIGHT_BOUND,
-                    "moe_router weight {i} at {shape}: {g} vs {r} (rel {rel:e})"
-                );
-                worst = worst.max(rel);
-            }
-            println!(
-                "{:<28} {shape:<36} ids equal, weights rel {worst:.2e}",
-                "moe_router_reference_f32"
-            );
-        }
+        check_router(&gpu, "random", &l, rows, experts, k);
     }
+    for (rows, experts, k) in [
+        (1, 512, 10),
+        (8, 512, 10),
+        (64, 512, 10),
+        (3, 60, 7),
+        (2, 64, 64),
+    ] {
+        let l = tied_logits(&mut rng, rows, experts);
+        check_router(&gpu, "tied", &l, rows, experts, k);
+    }
+    check_router(&gpu, "all equal", &[0.25f32; 3 * 512], 3, 512, 10);
+    for (rows, experts, k) in [(4, 512, 10), (4, 64, 8)] {
+        let l = equal_probability_logits(&mut rng, rows, experts, k);
+        check_router(&gpu, "equal p, other logits", &l, rows, experts, k);
+    }
+    check_router(
+        &gpu,
+        "zero probabilities",
+        &zero_probability_logits(512),
+        2,
+        512,
+        10,
+    );
     gpu.sync("the router checks").unwrap();
 }
 
@@ -128,22 +303,17 @@ fn bank(gpu: &Gpu, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
 fn experts_match_the_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
-    // (rows, experts, hidden, intermediate, top_k): odd sizes (no 16-byte loads); sizes with
-    // f32 16-byte loads but not bf16 ones; the real H 2560, I 640, top 10 with 64 experts at
-    // decode and at 16 rows.
-    for (rows, experts, hidden, inter, k) in [
-        (3, 5, 37, 13, 3),
-        (2, 6, 68, 20, 4),
-        (5, 9, 64, 40, 9),
-        (1, 64, 2560, 640, 10),
-        (16, 64, 2560, 640, 10),
+    // (experts, hidden, intermediate, top_k, row counts): odd sizes (no 16-byte loads: the
+    // scalar paths); sizes with f32 16-byte loads but not bf16 ones; rows of one chunk per lane
+    // and partial batches; the real H 2560, I 640, top 10 with 64 experts at decode and more.
+    for (experts, hidden, inter, k, row_counts) in [
+        (5, 37, 13, 3, &[1, 3, 8][..]),
+        (6, 68, 20, 4, &[1, 3, 8][..]),
+        (9, 64, 40, 9, &[1, 3, 8][..]),
+        (8, 256, 80, 6, &[1, 3][..]),
+        (6, 320, 88, 4, &[3][..]),
+        (64, 2560, 640, 10, &[1, 3, 8, 64][..]),
     ] {
-        let x = random_scaled(&mut rng, rows * hidden, 1.0);
-        let l = logits(&mut rng, rows, experts, k);
-        let (ids, w) = moe::route(&l, experts, k, true);
-        let dx = gpu.upload(&x, "x").unwrap();
-        let di = gpu.upload(&ids, "ids").unwrap();
-        let dw = gpu.upload(&w, "w").unwrap();
         for bf16 in [false, true] {
             let gu_scale = 1.0 / (hidden as f32).sqrt();
             let down_scale = 1.0 / (inter as f32).sqrt();
@@ -163,28 +333,38 @@ fn experts_match_the_reference() {
                 hidden,
                 intermediate: inter,
             };
-            let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
-            let y = gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
-                .unwrap();
-            let got = gpu.download(&y, "y").unwrap();
             let kernel = if bf16 {
                 "moe_experts_*_bf16"
             } else {
                 "moe_experts_*_f32"
             };
-            let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
-            check(kernel, &shape, &got, &want);
-
-            // The real path: routed on the device, the ids never leave it.
-            if rows == 16 {
-                let dl = gpu.upload(&l, "logits").unwrap();
-                let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
-                assert_eq!(gpu.download(&ri, "ids").unwrap(), ids);
+            for &rows in row_counts {
+                let x = random_scaled(&mut rng, rows * hidden, 1.0);
+                let l = logits(&mut rng, rows, experts, k);
+                let (ids, w) = moe::route(&l, experts, k, true);
+                let dx = gpu.upload(&x, "x").unwrap();
+                let di = gpu.upload(&ids, "ids").unwrap();
+                let dw = gpu.upload(&w, "w").unwrap();
+                let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
                 let y =
-                    gmoe::moe_experts(&gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter)
+                    gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
                         .unwrap();
                 let got = gpu.download(&y, "y").unwrap();
-                check(kernel, &format!("{shape} (device route)"), &got, &want);
+                let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
+                check(kernel, &shape, &got, &want);
+
+                // The real path: routed on the device, the ids never leave it.
+                if rows == 8 || rows == 3 {
+                    let dl = gpu.upload(&l, "logits").unwrap();
+                    let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
+                    assert_eq!(gpu.download(&ri, "ids").unwrap(), ids);
+                    let y = gmoe::moe_experts(
+                        &gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter,
+                    )
+                    .unwrap();
+                    let got = gpu.download(&y, "y").unwrap();
+                    check(kernel, &format!("{shape} (device route)"), &got, &want);
+                }
             }
         }
     }
@@ -228,6 +408,128 @@ fn experts_match_the_reference() {
     gpu.sync("the expert checks").unwrap();
 }
 
+/// The expert-major variant (many tokens): against `ops::moe::token_major` (and so
+/// `ops::moe::expert_major`, equal to it bit for bit) within the f32 bound, on random and on
+/// skewed routing (two experts chosen by almost every token: several tiles each, most experts
+/// none); the same bits when run again (the grouping's order changes nothing).
+#[test]
+fn experts_expert_major_match_the_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0004);
+    for (experts, hidden, inter, k, row_counts) in [
+        (5, 37, 13, 3, &[1, 3, 8, 64][..]),
+        (9, 64, 40, 9, &[8, 64][..]),
+        (6, 130, 70, 4, &[100][..]),
+        (64, 2560, 640, 10, &[8, 64, 300][..]),
+    ] {
+        for bf16 in [false, true] {
+            let (dgu, gu) = bank(
+                &gpu,
+                random_scaled(
+                    &mut rng,
+                    experts * 2 * inter * hidden,
+                    1.0 / (hidden as f32).sqrt(),
+                ),
+                bf16,
+            );
+            let (ddown, down) = bank(
+                &gpu,
+                random_scaled(
+                    &mut rng,
+                    experts * hidden * inter,
+                    1.0 / (inter as f32).sqrt(),
+                ),
+                bf16,
+            );
+            let reference = moe::ExpertBank {
+                gate_up: &gu,
+                down: &down,
+                hidden,
+                intermediate: inter,
+            };
+            let kernel = if bf16 {
+                "moe_experts_expert_major_*_bf16"
+            } else {
+                "moe_experts_expert_major_*_f32"
+            };
+            for &rows in row_counts {
+                for skewed in [false, true] {
+                    let x = random_scaled(&mut rng, rows * hidden, 1.0);
+                    let mut l = logits(&mut rng, rows, experts, k);
+                    if skewed {
+                        for row in l.chunks_mut(experts) {
+                            row[0] += 20.0;
+                            row[1] += 15.0;
+                        }
+                    }
+                    let (ids, w) = moe::route(&l, experts, k, true);
+                    let dx = gpu.upload(&x, "x").unwrap();
+                    let di = gpu.upload(&ids, "ids").unwrap();
+                    let dw = gpu.upload(&w, "w").unwrap();
+                    let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
+                    let run = || {
+                        let y = gmoe::moe_experts_expert_major(
+                            &gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter,
+                        )
+                        .unwrap();
+                        gpu.download(&y, "y").unwrap()
+                    };
+                    let got = run();
+                    let shape = format!(
+                        "T{rows} E{experts} H{hidden} I{inter} top {k}{}",
+                        if skewed { " skewed" } else { "" }
+                    );
+                    check(kernel, &shape, &got, &want);
+                    let again = run();
+                    assert!(
+                        got.iter()
+                            .zip(&again)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{kernel} at {shape}: a second run differs"
+                    );
+                }
+            }
+        }
+    }
+
+    // An id out of range: that token's row is NaN, the others as the reference.
+    let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
+    let x = random_scaled(&mut rng, rows * hidden, 1.0);
+    let gu = random_scaled(&mut rng, experts * 2 * inter * hidden, 0.25);
+    let down = random_scaled(&mut rng, experts * hidden * inter, 0.35);
+    let ids = vec![0i64, 2, 1, experts as i64];
+    let w = vec![0.5f32, 0.5, 0.5, 0.5];
+    let y = gmoe::moe_experts_expert_major(
+        &gpu,
+        &gpu.upload(&x, "x").unwrap(),
+        &gpu.upload(&ids, "ids").unwrap(),
+        &gpu.upload(&w, "w").unwrap(),
+        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
+        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
+        rows,
+        k,
+        hidden,
+        inter,
+    )
+    .unwrap();
+    let got = gpu.download(&y, "y").unwrap();
+    assert!(got[hidden..].iter().all(|v| v.is_nan()), "{got:?}");
+    let reference = moe::ExpertBank {
+        gate_up: &gu,
+        down: &down,
+        hidden,
+        intermediate: inter,
+    };
+    let want = moe::token_major(&x[..hidden], &ids[..k], &w[..k], 1, k, &reference);
+    check(
+        "moe_experts_expert_major_*_f32",
+        "bad id in another row",
+        &got[..hidden],
+        &want,
+    );
+    gpu.sync("the expert-major checks").unwrap();
+}
+
 #[test]
 fn experts_shape_errors_name_the_kernel() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -242,6 +544,20 @@ fn experts_shape_errors_name_the_kernel() {
     let err =
         gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3).expect_err("a shape error");
     assert!(err.to_string().contains("moe_experts_gate_up_f32"), "{err}");
+    let err = gmoe::moe_experts_expert_major(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2)
+        .expect_err("a shape error");
+    assert!(
+        err.to_string()
+            .contains("moe_experts_expert_major_down_bf16"),
+        "{err}"
+    );
+    let err = gmoe::moe_experts_expert_major(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3)
+        .expect_err("a shape error");
+    assert!(
+        err.to_string()
+            .contains("moe_experts_expert_major_gate_up_f32"),
+        "{err}"
+    );
 }
 
 /// One n-gram configuration: eos, ngram, heads per n-gram, multipliers, sizes, offsets.

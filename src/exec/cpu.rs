@@ -432,6 +432,11 @@ fn exec_node(
                 hyper::hc_mix(hn, &w[0].data, &w[1].data, rows, *streams),
             )
         }
+        Op::SigmoidGatedAdd => {
+            let (x, rows) = inputs[0].f32();
+            let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
+            one(rows, linear::sigmoid_gated_add(x, &w[0].data, b, a, rows))
+        }
         Op::HcInject { streams } => {
             let (hn, rows) = inputs[0].f32();
             one(rows, hyper::hc_inject(hn, &w[0].data, rows, *streams))

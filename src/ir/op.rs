@@ -158,6 +158,9 @@ pub enum Op<D> {
     HcInject {
         streams: D,
     },
+    /// Fused gated sum `a + sigmoid(x·wᵀ) * b`: args `x [T, H]`, `b [T, D]`, `a [T, D]`,
+    /// weight `w [1, H]` (the shared expert's gate: one logit per token).
+    SigmoidGatedAdd,
 }
 
 /// The element type of a value.
@@ -202,7 +205,15 @@ impl<D> Op<D> {
             Op::SwigluLinear => "swiglu_linear",
             Op::HcMix { .. } => "hc_mix",
             Op::HcInject { .. } => "hc_inject",
+            Op::SigmoidGatedAdd => "sigmoid_gated_add",
         }
+    }
+
+    /// Whether the host must read this op's result before the next op can be launched (a
+    /// segment ends after it: `passes::segment`). No op does: routing, selections and positions
+    /// stay on the device.
+    pub fn needs_host(&self) -> bool {
+        false
     }
 
     /// Number of outputs the op produces.
@@ -328,6 +339,7 @@ impl<D> Op<D> {
             Op::HcInject { streams } => Op::HcInject {
                 streams: f(streams)?,
             },
+            Op::SigmoidGatedAdd => Op::SigmoidGatedAdd,
         })
     }
 }

@@ -124,6 +124,13 @@ pub struct ValueInfo {
     pub offset: usize,
 }
 
+/// A run of nodes `[start, end)` of a program that executes without the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub start: usize,
+    pub end: usize,
+}
+
 /// Element class a weight must have in the checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WeightClass {
@@ -198,6 +205,10 @@ pub struct Program {
     /// buffer per step shape.
     #[serde(default)]
     pub arena_bytes: usize,
+    /// Runs of nodes `[start, end)` with no host work between their kernels (set by
+    /// `passes::segment`): each is one CUDA graph.
+    #[serde(default)]
+    pub segments: Vec<Segment>,
     pub values: Vec<ValueInfo>,
     pub weights: Vec<WeightInfo>,
     pub states: Vec<StateInfo>,

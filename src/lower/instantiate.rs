@@ -110,6 +110,7 @@ fn empty_program(plan: &ModelPlan, opts: &LowerOptions) -> Program {
         input: INPUT.into(),
         output: String::new(),
         arena_bytes: 0,
+        segments: Vec::new(),
         values: Vec::new(),
         weights: Vec::new(),
         states: Vec::new(),

@@ -95,7 +95,6 @@ pub fn lower(
         }
     };
     let dims = plan.dims();
-    let fusion_counts = passes::fuse::run(&mut program, &fusions, &dims)?;
     let facts = passes::schedule::Facts {
         device: opts.device,
         phase: opts.phase,
@@ -103,8 +102,10 @@ pub fn lower(
         dims: &dims,
         weight_dtype: opts.weight_dtype.as_deref(),
     };
+    let fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
     passes::schedule::run(&mut program, &rules, &facts)?;
     passes::memplan::run(&mut program);
+    passes::segment::run(&mut program);
     passes::validate::run(&program)?;
     Ok(Lowered {
         program,

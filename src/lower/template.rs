@@ -126,6 +126,11 @@ pub struct Fusion {
     /// pattern variables bound to values outside the pattern; others name earlier pattern nodes.
     pub pattern: Vec<PatternNode>,
     pub replace: Replacement,
+    /// Programs the fusion applies to: any of these predicates (as in rules.ron); empty = all.
+    /// (A fused kernel can lose to the unfused chain for some shapes, e.g. a matrix-vector
+    /// fusion against tensor-core GEMMs in a long prefill.)
+    #[serde(default)]
+    pub when: Vec<Predicate>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

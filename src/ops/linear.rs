@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{dot, silu};
+use super::{dot, sigmoid, silu};
 
 /// Below this many multiply-adds a step stays on one core (thread hand-off costs more).
 const PARALLEL_WORK: usize = 1 << 16;
@@ -70,6 +70,20 @@ pub fn by_variant(
         "tiled" => tiled(x, w, tokens, k, n),
         _ => rows(x, w, tokens, k, n),
     }
+}
+
+/// Fused gated sum `a + sigmoid(x·wᵀ) * b` for each row: `x [T, H]`, `w [H]` (one gate logit
+/// per token), `a, b [T, D]`. The same roundings as the unfused linear → sigmoid → mul → add.
+pub fn sigmoid_gated_add(x: &[f32], w: &[f32], b: &[f32], a: &[f32], tokens: usize) -> Vec<f32> {
+    let h = x.len() / tokens;
+    let d = a.len() / tokens;
+    let mut y = Vec::with_capacity(a.len());
+    for t in 0..tokens {
+        let gate = sigmoid(dot(&x[t * h..(t + 1) * h], w));
+        let (at, bt) = (&a[t * d..(t + 1) * d], &b[t * d..(t + 1) * d]);
+        y.extend(at.iter().zip(bt).map(|(a, b)| a + b * gate));
+    }
+    y
 }
 
 /// Fused expert gate/up: `silu(x·Wgᵀ) * (x·Wuᵀ)`, both dot products of an output row taken in

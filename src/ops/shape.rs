@@ -305,6 +305,15 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w / streams)
         }
+        Op::SigmoidGatedAdd => {
+            expect_inputs(inputs, 3)?;
+            expect_weights(weights, 1)?;
+            let h = f32_input(inputs[0], "x")?;
+            let d = f32_input(inputs[1], "b")?;
+            check(f32_input(inputs[2], "a")? == d, || "a and b widths".into())?;
+            check(weights[0] == vec![1, h], || "gate weight".into())?;
+            f(d)
+        }
         Op::HcInject { streams } => {
             expect_inputs(inputs, 1)?;
             expect_weights(weights, 1)?;

@@ -13,16 +13,22 @@ use crate::ir::dims::{self, Dims};
 use crate::ir::{Node, Op, Program};
 use crate::lower::template::Fusion;
 use crate::lower::LowerError;
+use crate::passes::schedule::{holds, Facts};
 
 /// Applies each fusion (in file order) wherever it matches; returns how often each one fired.
 pub fn run(
     program: &mut Program,
     fusions: &[Fusion],
     dims: &Dims,
+    facts: &Facts,
 ) -> Result<BTreeMap<String, usize>, LowerError> {
     let mut counts = BTreeMap::new();
     for fusion in fusions {
         check_fusion(fusion)?;
+        if !fusion.when.is_empty() && !fusion.when.iter().any(|p| holds(p, facts)) {
+            counts.insert(fusion.name.clone(), 0);
+            continue;
+        }
         let replace_op: Op<usize> = fusion
             .replace
             .op

@@ -5,9 +5,13 @@
 //! 2. [`schedule`]: choose a kernel variant for every node from `graphs/rules.ron`;
 //! 3. [`memplan`]: mark the last use of every value, size every value and lay them all out in one
 //!    arena, values whose lifetimes are disjoint sharing bytes;
-//! 4. [`validate`]: check the program's invariants (order, definitions, shapes, variants, arena).
+//! 4. [`segment`]: cut the program into runs of nodes that need no host work between them (one
+//!    CUDA graph each);
+//! 5. [`validate`]: check the program's invariants (order, definitions, shapes, variants, arena,
+//!    segments).
 
 pub mod fuse;
 pub mod memplan;
 pub mod schedule;
+pub mod segment;
 pub mod validate;

@@ -150,7 +150,7 @@ fn may_overlap(a: &Predicate, b: &Predicate) -> bool {
     device && phase && lo <= hi && dtype
 }
 
-fn holds(p: &Predicate, f: &Facts) -> bool {
+pub(crate) fn holds(p: &Predicate, f: &Facts) -> bool {
     p.device.is_none_or(|d| d == f.device)
         && p.phase.is_none_or(|ph| ph == f.phase)
         && p.min_tokens.is_none_or(|m| f.tokens >= m)

@@ -105,7 +105,40 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
             "is part of a cycle".into(),
         )
     })?;
+    check_segments(program)?;
     check_arena(program)
+}
+
+/// The segments of `passes::segment`: contiguous, non-empty, covering every node in order, and
+/// every node that needs the host ends one.
+fn check_segments(program: &Program) -> Result<(), LowerError> {
+    let invalid = |msg: String| LowerError::Invalid {
+        node: "(segments)".to_string(),
+        msg,
+    };
+    let mut next = 0;
+    for seg in &program.segments {
+        if seg.start != next || seg.end <= seg.start || seg.end > program.nodes.len() {
+            return Err(invalid(format!(
+                "segment [{}, {}) does not continue at node {next}",
+                seg.start, seg.end
+            )));
+        }
+        if let Some(i) = (seg.start..seg.end - 1).find(|&i| program.nodes[i].op.needs_host()) {
+            return Err(invalid(format!(
+                "node `{}` needs the host but does not end its segment",
+                program.nodes[i].name
+            )));
+        }
+        next = seg.end;
+    }
+    if next != program.nodes.len() {
+        return Err(invalid(format!(
+            "the segments end at node {next} of {}",
+            program.nodes.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The arena laid out by `memplan` (see there): sizes, alignment, bounds, and no two values with
@@ -186,6 +219,44 @@ mod tests {
 
     fn error(p: &Program) -> String {
         run(p).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn segment_problems_are_reported() {
+        use crate::ir::Segment;
+        let p = tiny();
+        let n = p.nodes.len();
+        let cases = [
+            (vec![], "end at node 0"),
+            (
+                vec![Segment {
+                    start: 0,
+                    end: n - 1,
+                }],
+                "end at node",
+            ),
+            (
+                vec![Segment { start: 0, end: 2 }, Segment { start: 3, end: n }],
+                "does not continue at node 2",
+            ),
+            (
+                vec![Segment {
+                    start: 0,
+                    end: n + 1,
+                }],
+                "does not continue",
+            ),
+            (
+                vec![Segment { start: 0, end: 0 }, Segment { start: 0, end: n }],
+                "does not continue",
+            ),
+        ];
+        for (segments, want) in cases {
+            let mut bad = p.clone();
+            bad.segments = segments.clone();
+            let e = error(&bad);
+            assert!(e.contains(want), "{segments:?}: {e}");
+        }
     }
 
     #[test]

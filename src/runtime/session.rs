@@ -97,6 +97,19 @@ impl<'m> Session<'m> {
         rows
     }
 
+    /// Starts (or, with `false`, stops and returns) timing the segments of replayed CUDA-graph
+    /// steps with device events: per segment index, (replays timed, milliseconds in all).
+    pub fn cuda_segment_times(&mut self, on: bool) -> Vec<(usize, f64)> {
+        let Some(d) = self.device_state.as_mut() else {
+            return Vec::new();
+        };
+        let taken = std::mem::take(&mut d.segment_ms);
+        if on {
+            d.segment_ms = Some(Vec::new());
+        }
+        taken.unwrap_or_default()
+    }
+
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
     pub fn graph_replays(&self) -> usize {
         self.device_state.as_ref().map_or(0, |d| d.replays)

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr};
 
-use crate::ir::{GateActivation, LogitsMode, Op, Phase, Program, StateKind, WeightClass};
+use crate::ir::{GateActivation, LogitsMode, Op, Phase, Program, Segment, StateKind, WeightClass};
 use crate::ops::gdn::GdnShape;
 use crate::ops::indexer::IndexerShape;
 use crate::weights::Weights;
@@ -274,9 +274,12 @@ pub struct DeviceState {
     io: HashMap<GraphKey, StepIo>,
     /// Captured steps, replayed from their second use on (the first runs eagerly: it compiles
     /// and loads kernels and creates the state, none of which may happen during capture).
-    graphs: HashMap<GraphKey, CudaGraph>,
+    graphs: HashMap<GraphKey, Vec<CudaGraph>>,
     /// How many steps ran as graph replays (for tests and reports).
     pub replays: usize,
+    /// When set, replayed steps time each segment's graph with device events: per segment
+    /// index, (replays timed, milliseconds in all).
+    pub segment_ms: Option<Vec<(usize, f64)>>,
     /// When set, eager steps time every node with device events and add its time here, by node
     /// name: (steps timed, seconds). The step is queued behind a spinning kernel, so the events
     /// time the kernels back to back (as in a graph replay), not the host's launch rate.
@@ -295,6 +298,7 @@ impl DeviceState {
             io: HashMap::new(),
             graphs: HashMap::new(),
             replays: 0,
+            segment_ms: None,
             profile: None,
             sync_each_node: false,
         }
@@ -398,34 +402,46 @@ pub fn run(
     }
     let graphs = graphs && !state.sync_each_node && state.profile.is_none();
     if graphs && state.graphs.contains_key(&key) {
-        state.graphs[&key]
-            .launch()
-            .map_err(|e| CudaError::driver("replaying a CUDA graph", None, e))?;
+        // One graph per segment; host work between segments would go between these launches
+        // (no op needs any today: `passes::segment`).
+        let timing = state.segment_ms.is_some();
+        let mut marks = Vec::new();
+        for graph in &state.graphs[&key] {
+            if timing {
+                marks.push(timing_event(gpu)?);
+            }
+            graph
+                .launch()
+                .map_err(|e| CudaError::driver("replaying a CUDA graph", None, e))?;
+        }
+        if timing {
+            marks.push(timing_event(gpu)?);
+            gpu.sync("a timed step")?;
+            let times = state.segment_ms.as_mut().expect("timing");
+            for (i, pair) in marks.windows(2).enumerate() {
+                let ms = pair[0]
+                    .elapsed_ms(&pair[1])
+                    .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
+                if times.len() <= i {
+                    times.push((0, 0.0));
+                }
+                times[i].0 += 1;
+                times[i].1 += ms as f64;
+            }
+        }
         state.replays += 1;
     } else if graphs && !first_use {
-        // SAFETY-free but order-sensitive: nothing between begin and end may synchronise, copy
-        // from the host or load modules; `record` only launches kernels and stream-ordered
-        // allocations on kernels already loaded by the eager first use.
-        gpu.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(|e| CudaError::driver("starting a CUDA graph capture", None, e))?;
-        let recorded = record(gpu, program, weights, state, key);
-        let graph = gpu
-            .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(|e| CudaError::driver("ending a CUDA graph capture", None, e))?;
-        recorded?;
-        let graph = graph.ok_or_else(|| CudaError::Driver {
-            doing: "capturing a step".into(),
-            msg: "the capture produced no graph".into(),
-        })?;
-        graph
-            .launch()
-            .map_err(|e| CudaError::driver("launching a captured CUDA graph", None, e))?;
-        state.graphs.insert(key, graph);
+        // Captured segment by segment (see `record_nodes`), then launched in order.
+        let captured = record(gpu, program, weights, state, key, true)?;
+        for graph in &captured {
+            graph
+                .launch()
+                .map_err(|e| CudaError::driver("launching a captured CUDA graph", None, e))?;
+        }
+        state.graphs.insert(key, captured);
         state.replays += 1;
     } else {
-        record(gpu, program, weights, state, key)?;
+        record(gpu, program, weights, state, key, false)?;
     }
     let io = &state.io[&key];
     let data = gpu.download(&io.logits, "logits")?;
@@ -444,51 +460,135 @@ fn record(
     weights: &DeviceWeights,
     state: &mut DeviceState,
     key: GraphKey,
-) -> Result<(), CudaError> {
+    capture: bool,
+) -> Result<Vec<CudaGraph>, CudaError> {
     let mut io = state
         .io
         .remove(&key)
         .expect("run() prepared the step buffers");
-    let result = record_nodes(gpu, program, weights, state, &mut io);
+    let result = record_nodes(gpu, program, weights, state, &mut io, capture);
     state.io.insert(key, io);
     result
 }
 
-fn record_nodes(
+/// Launches the program segment by segment (`passes::segment`); with `capture`, each segment is
+/// recorded into its own CUDA graph (returned in order) instead of running. Nothing between a
+/// capture's begin and end may synchronise, copy from the host or load modules: the segments
+/// only launch kernels (loaded by the eager first use), device copies and stream-ordered
+/// allocations.
+fn record_nodes<'p>(
     gpu: &Gpu,
-    program: &Program,
+    program: &'p Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
     io: &mut StepIo,
+    capture: bool,
+) -> Result<Vec<CudaGraph>, CudaError> {
+    let whole = [Segment {
+        start: 0,
+        end: program.nodes.len(),
+    }];
+    let segments: &[Segment] = if program.segments.is_empty() {
+        &whole
+    } else {
+        &program.segments
+    };
+    let mut values: HashMap<&'p str, DVal> = HashMap::new();
+    let mut marks = Vec::new();
+    let mut graphs = Vec::new();
+    for (i, &seg) in segments.iter().enumerate() {
+        if capture {
+            gpu.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(|e| CudaError::driver("starting a CUDA graph capture", None, e))?;
+        }
+        let first = i == 0;
+        let last = i + 1 == segments.len();
+        let result = record_segment(
+            gpu,
+            program,
+            weights,
+            state,
+            io,
+            &mut values,
+            &mut marks,
+            seg,
+            first,
+            last,
+        );
+        if capture {
+            // The capture always ends, so that a failed launch leaves the stream usable.
+            let graph = gpu
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))
+                .map_err(|e| CudaError::driver("ending a CUDA graph capture", None, e));
+            result?;
+            graphs.push(graph?.ok_or_else(|| CudaError::Driver {
+                doing: format!("capturing segment {i} of a step"),
+                msg: "the capture produced no graph".into(),
+            })?);
+        } else {
+            result?;
+        }
+    }
+    if let Some(profile) = state.profile.as_mut() {
+        gpu.sync("a profiled step")?;
+        for (node, pair) in program.nodes.iter().zip(marks.windows(2)) {
+            let ms = pair[0]
+                .elapsed_ms(&pair[1])
+                .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
+            let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
+            entry.0 += 1;
+            entry.1 += ms as f64 / 1e3;
+        }
+    }
+    Ok(graphs)
+}
+
+/// Launches the nodes of one segment; the first segment also copies the step's tokens into the
+/// program input's slot, the last copies the logits out.
+#[allow(clippy::too_many_arguments)]
+fn record_segment<'p>(
+    gpu: &Gpu,
+    program: &'p Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    io: &mut StepIo,
+    values: &mut HashMap<&'p str, DVal>,
+    marks: &mut Vec<cudarc::driver::CudaEvent>,
+    seg: Segment,
+    first: bool,
+    last: bool,
 ) -> Result<(), CudaError> {
     let rows_in = io.tokens.len();
-    let step = &io.step;
-    let mut values: HashMap<&str, DVal> = HashMap::new();
-    // The program's input is a copy of the step's tokens in its arena slot, like every value.
-    gpu.set_slots(&[io.input_slot]);
-    let mut tokens = gpu.output::<i64>(rows_in, "tokens");
-    gpu.set_slots(&[]);
-    if let Ok(t) = tokens.as_mut() {
-        gpu.stream
-            .memcpy_dtod(&io.tokens, &mut **t)
-            .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
-    }
-    values.insert(
-        program.input.as_str(),
-        DVal::I64 {
-            rows: rows_in,
-            buf: tokens?,
-        },
-    );
-    let cap = state.capacity;
     let profiling = state.profile.is_some();
-    // Events after each node of a profiled step, the first one before node 0.
-    let mut marks = Vec::new();
-    if profiling {
-        launch::hold_gpu(gpu, PROFILE_HOLD_NS)?;
-        marks.push(timing_event(gpu)?);
+    if first {
+        // The program's input is a copy of the step's tokens in its arena slot, like every value.
+        gpu.set_slots(&[io.input_slot]);
+        let mut tokens = gpu.output::<i64>(rows_in, "tokens");
+        gpu.set_slots(&[]);
+        if let Ok(t) = tokens.as_mut() {
+            gpu.stream
+                .memcpy_dtod(&io.tokens, &mut **t)
+                .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
+        }
+        values.insert(
+            program.input.as_str(),
+            DVal::I64 {
+                rows: rows_in,
+                buf: tokens?,
+            },
+        );
+        // Events after each node of a profiled step, the first one before node 0.
+        if profiling {
+            launch::hold_gpu(gpu, PROFILE_HOLD_NS)?;
+            marks.push(timing_event(gpu)?);
+        }
     }
-    for (index, node) in program.nodes.iter().enumerate() {
+    let step = &io.step;
+    let cap = state.capacity;
+    for index in seg.start..seg.end {
+        let node = &program.nodes[index];
         // A node's states are taken out of the session for the launch and always put back, so a
         // failed launch leaves the state in place.
         let mut bufs: Vec<DevState> = node
@@ -545,24 +645,15 @@ fn record_nodes(
             values.remove(dead.as_str());
         }
     }
-    if let Some(profile) = state.profile.as_mut() {
-        gpu.sync("a profiled step")?;
-        for (node, pair) in program.nodes.iter().zip(marks.windows(2)) {
-            let ms = pair[0]
-                .elapsed_ms(&pair[1])
-                .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
-            let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
-            entry.0 += 1;
-            entry.1 += ms as f64 / 1e3;
-        }
+    if last {
+        let logits = match values.remove(program.output.as_str()) {
+            Some(DVal::F32 { buf, .. }) => buf,
+            _ => unreachable!("validated programs output f32 logits"),
+        };
+        gpu.stream
+            .memcpy_dtod(&*logits, &mut io.logits)
+            .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
     }
-    let logits = match values.remove(program.output.as_str()) {
-        Some(DVal::F32 { buf, .. }) => buf,
-        _ => unreachable!("validated programs output f32 logits"),
-    };
-    gpu.stream
-        .memcpy_dtod(&*logits, &mut io.logits)
-        .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
     Ok(())
 }
 
@@ -625,6 +716,8 @@ fn launch_node<'v>(
             let n = m.len() / k;
             let y = match node.variant.as_str() {
                 "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
+                // Tensor cores for bf16 weights with k % 8 == 0; linear_tiled otherwise.
+                "mma" => launch::linear_mma(gpu, x, m, rows, k, n)?,
                 _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
             };
             vec![DVal::F32 { rows, buf: y }]
@@ -861,7 +954,11 @@ fn launch_node<'v>(
             let (ids, _) = arg(1).i64();
             let k = ids.len() / rows;
             let hidden = x.len() / rows;
-            let y = moe::moe_experts(
+            let run = match node.variant.as_str() {
+                "expert_major" => moe::moe_experts_expert_major,
+                _ => moe::moe_experts,
+            };
+            let y = run(
                 gpu,
                 x,
                 ids,
@@ -926,6 +1023,14 @@ fn launch_node<'v>(
                 *streams,
             )?;
             vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::SigmoidGatedAdd => {
+            let (x, rows) = arg(0).f32();
+            let (b, a) = (arg(1).f32().0, arg(2).f32().0);
+            vec![DVal::F32 {
+                rows,
+                buf: layout::sigmoid_gated_add(gpu, x, weights.vector(w(0))?, b, a, rows)?,
+            }]
         }
         Op::HcInject { streams } => {
             let (hn, rows) = arg(0).f32();

@@ -25,9 +25,12 @@ pub use device::Gpu;
 /// The CUDA kernel variants of an op kind (the first is the default), as rules name them.
 pub fn variants(kind: &str) -> &'static [&'static str] {
     match kind {
-        // One warp per output row, up to 8 tokens per pass (decode); shared-memory tiles (prefill).
-        "linear" => &["rows", "tiled"],
-        "moe_experts" => &["token_major"],
+        // One warp per output row, up to 8 tokens per pass (decode); shared-memory tiles (prefill);
+        // tensor-core tiles (prefill, bf16 weights; falls back to `tiled` otherwise).
+        "linear" => &["rows", "tiled", "mma"],
+        // Token-major: each slot reads its expert (decode); expert-major: slots grouped by
+        // expert on the device, each expert read once per tile of its slots (prefill).
+        "moe_experts" => &["token_major", "expert_major"],
         // One block per (row, head) over the row's positions; split over positions (decode).
         "attention" => &["reference", "split"],
         other if !crate::ops::variants(other).is_empty() => &["reference"],

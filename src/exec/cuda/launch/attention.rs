@@ -17,10 +17,7 @@ use crate::ops::indexer::IndexerShape;
 const FILE: &str = "attention.cu";
 /// Static shared memory a kernel may take without opting in to more.
 const SHARED_LIMIT: usize = 48 * 1024;
-/// Threads of the score kernel; a multiple of its tile of pooled keys.
-const SCORE_THREADS: usize = 256;
-/// As `TOPK_THREADS` and `ATTN_CHUNK` in the kernel source.
-const TOPK_THREADS: u32 = 1024;
+/// As `ATTN_CHUNK` in the kernel source.
 const ATTN_CHUNK: u32 = 256;
 
 fn one_step(kernel: &str, step: &CudaSlice<i64>) -> Result<(), CudaError> {
@@ -104,6 +101,32 @@ pub fn rope(
     Ok(y)
 }
 
+/// As the `IDX_*` constants in the kernel source: the work buffer's per-row stride of zeroed
+/// counters, the candidates kept per row, the pooled keys per score tile, the threads of the
+/// top-k kernel and the scores per top-k thread block.
+const IDX_ZSTRIDE: usize = 4096 + 4;
+const IDX_LIST: usize = 4096;
+const IDX_TILE: usize = 32;
+const IDX_CHAIN: usize = 4;
+const IDX_THREADS: u32 = 256;
+const IDX_CHUNK: usize = 2048;
+/// Threads of the prep kernel; its thread blocks past the pooling slots each zero or append
+/// about `PREP_THREADS * 8` words.
+const PREP_THREADS: u32 = 128;
+/// Rows per score thread block (grid y), and the most score thread blocks per row group (grid
+/// x; each strides over the tiles): 1024 (all resident at once on an H200: 18.5 KiB of shared
+/// memory each at the real shape) put 16 MiB of pooled keys in flight, enough to stream 64k
+/// keys at full bandwidth; those past the filled blocks return at once.
+const SCORE_ROWS: usize = 16;
+const SCORE_BLOCKS: usize = 1024;
+
+/// u32 words of the indexer's work buffer for `rows` rows and `nb` pooled blocks (as `idx_work`
+/// in the kernel source): counters, order keys, candidates, two bitmaps.
+fn indexer_work_len(rows: usize, nb: usize) -> usize {
+    let keys = rows * nb;
+    rows * IDX_ZSTRIDE + keys + keys % 2 + rows * IDX_LIST * 2 + 2 * rows * nb.div_ceil(32)
+}
+
 /// `IndexerSelect` (as `exec::cpu`): appends the step's raw keys `k_raw [rows, head_dim]` to
 /// rows `[start, start+rows)` of `raw_keys [capacity, head_dim]`; pools every block completed by
 /// this step into `pooled [capacity/block, head_dim]` (`ops::indexer::pool_blocks` with the
@@ -114,11 +137,17 @@ pub fn rope(
 /// Returns the selection `i32 [rows, 2 + budget/block]` (docs/cuda-plan.md): `visible`, then
 /// `-1` and `-1`s for a dense row, or `budget/block` and that many block ids ascending.
 ///
-/// The scores go to a scratch `[rows, capacity/block]` f32 (256 KiB a row at 256k tokens with
-/// block 4: 16 MiB for a 64-token step), and the top-k is a radix select per row over them: at
-/// most 8 passes over the row's scores (it stops once the k-th key's bin is settled) and one
-/// more to emit the ids, so its cost is linear in the number of complete blocks (65536 at 256k
-/// tokens) and needs no shared memory that grows with it.
+/// Three launches (kernels/attention.cu, "Indexer"), none with a grid that depends on the
+/// position, each spread over the GPU at one row: (1) append + pool + zero the counters, one
+/// thread block per completed block; (2) scores, tiles of 32 pooled keys over up to 1024 thread
+/// blocks per 16 rows (each key read once per 16 rows), with a histogram of the scores' top 12
+/// bits per row; (3) top-k, one thread block per (2048 scores, row): each finds the histogram
+/// bin of the k-th score, marks its scores above that bin and gathers those in it; the row's
+/// last block to finish settles those (two 10-bit radix passes over at most 4096 candidates in
+/// shared memory, else over the row's scores) and writes the ids ascending. Every pass over all
+/// of a row's scores is split over its chunks; one thread block settles the candidates only.
+/// One u32 scratch of `indexer_work_len` words: 4 bytes per row and pooled block (256 KiB a row
+/// at 256k tokens with block 4) and 48 KiB per row (counters and candidates).
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_select(
     gpu: &Gpu,
@@ -174,32 +203,42 @@ pub fn indexer_select(
         },
     )?;
     let keep = budget / block;
-    let (r64, hd32, rot32, block32, keep32, blocks64) = (
+    let score_shared = (IDX_TILE * (hd + 1) + IDX_CHAIN * heads * IDX_TILE) * 4;
+    shape(
+        kernel,
+        3 * hd * 4 <= SHARED_LIMIT && score_shared <= SHARED_LIMIT,
+        || format!("{heads} heads of {hd} are too wide"),
+    )?;
+    let (r64, hd32, rot32, block32, keep32, blocks64, cap64) = (
         rows as i64,
         hd as i32,
         rotary_dim as i32,
         block as i32,
         keep as i32,
         blocks as i64,
+        capacity as i64,
     );
+    let mut work = gpu.scratch::<u32>(indexer_work_len(rows, blocks), kernel)?;
 
-    // 1. The raw keys.
-    append_rows(gpu, raw_keys, k_raw, rows, step, hd, capacity)?;
-
-    // 2. The blocks this step completes: at most ceil(rows/block), one thread block each.
-    let pool = "indexer_select_pool_f32";
-    shape(pool, hd * 4 <= SHARED_LIMIT, || {
-        format!("head_dim {hd} is too wide")
-    })?;
-    let f = gpu.function(FILE, pool)?;
+    // 1. The raw keys, the blocks this step completes (at most ceil(rows/block), one thread
+    //    block each), the zeroed counters.
+    let prep = "indexer_select_prep_f32";
+    let slots = rows.div_ceil(block);
+    let spread = (rows * (IDX_ZSTRIDE + hd))
+        .div_ceil(PREP_THREADS as usize * 8)
+        .clamp(1, 1024);
+    let f = gpu.function(FILE, prep)?;
     let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(block).min(65_535 * 8) as u32, 1, 1),
-        block_dim: (hd.next_multiple_of(32).min(1024) as u32, 1, 1),
-        shared_mem_bytes: (hd * 4) as u32,
+        grid_dim: ((slots + spread) as u32, 1, 1),
+        block_dim: (PREP_THREADS, 1, 1),
+        shared_mem_bytes: (3 * hd * 4) as u32,
     };
+    let slots64 = slots as i64;
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut *pooled)
-        .arg(&*raw_keys)
+    b.arg(&mut *raw_keys)
+        .arg(&mut *pooled)
+        .arg(&mut *work)
+        .arg(k_raw)
         .arg(k_norm)
         .arg(step)
         .arg(&r64)
@@ -208,31 +247,33 @@ pub fn indexer_select(
         .arg(&block32)
         .arg(&eps)
         .arg(&theta)
-        .arg(&blocks64);
-    // SAFETY: pooled holds `blocks` rows and raw_keys `capacity` rows of hd (checked above); the
-    // kernel pools only blocks below `blocks`, whose raw rows lie below the capacity; the dynamic
-    // shared memory is hd floats.
-    launched(pool, unsafe { b.launch(cfg) })?;
+        .arg(&blocks64)
+        .arg(&cap64)
+        .arg(&slots64);
+    // SAFETY: raw_keys holds capacity rows of hd, pooled at least `blocks` rows (checked above),
+    // k_raw rows*hd floats, work indexer_work_len(rows, blocks) words of which the kernel zeroes
+    // the first rows*IDX_ZSTRIDE; it pools only blocks below `blocks`, whose raw rows lie below
+    // the capacity, and appends only rows below the capacity; the dynamic shared memory is 3*hd
+    // floats; slots + spread (at most 1024) thread blocks.
+    launched(prep, unsafe { b.launch(cfg) })?;
 
-    // 3. Scores of every complete block for every sparse row.
+    // 2. The order keys of the scores of every complete block for every sparse row, and the
+    //    rows' histograms.
     let score = "indexer_select_score_f32";
-    let mut tile = 64usize;
-    while tile > 1 && tile * (hd + 1) * 4 > SHARED_LIMIT {
-        tile /= 2;
-    }
-    shape(score, tile * (hd + 1) * 4 <= SHARED_LIMIT, || {
-        format!("head_dim {hd} is too wide")
-    })?;
-    let mut scores = gpu.scratch::<f32>((rows * blocks).max(1), score)?;
+    let groups = rows.div_ceil(SCORE_ROWS);
     let f = gpu.function(FILE, score)?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks.div_ceil(tile).clamp(1, 65_535 * 8) as u32, 1, 1),
-        block_dim: (SCORE_THREADS as u32, 1, 1),
-        shared_mem_bytes: (tile * (hd + 1) * 4) as u32,
+        grid_dim: (
+            blocks.div_ceil(IDX_TILE).clamp(1, SCORE_BLOCKS) as u32,
+            groups.min(65_535) as u32,
+            1,
+        ),
+        block_dim: (32 * heads.min(8) as u32, 1, 1),
+        shared_mem_bytes: score_shared as u32,
     };
-    let (heads32, tile32) = (heads as i32, tile as i32);
+    let (heads32, group32) = (heads as i32, SCORE_ROWS as i32);
     let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&mut *scores)
+    b.arg(&mut *work)
         .arg(q)
         .arg(&*pooled)
         .arg(step)
@@ -242,31 +283,37 @@ pub fn indexer_select(
         .arg(&block32)
         .arg(&keep32)
         .arg(&blocks64)
-        .arg(&tile32);
-    // SAFETY: scores holds rows*blocks floats, q rows*heads*hd, pooled blocks*hd; the kernel
-    // indexes blocks below `blocks` only; SCORE_THREADS is a multiple of the power-of-two tile,
-    // whose rows (pitch hd+1) fit the dynamic shared memory given.
+        .arg(&group32);
+    // SAFETY: work holds indexer_work_len(rows, blocks) words (its counters zeroed by launch 1,
+    // in stream order), q rows*heads*hd floats, pooled `blocks` rows of hd (16-byte aligned rows
+    // when hd is a multiple of 4: the float4 path); the kernel scores blocks below `blocks`
+    // only; the dynamic shared memory is the tile and the partial sums (score_shared bytes).
     launched(score, unsafe { b.launch(cfg) })?;
 
-    // 4. Top-k per row into the selection.
+    // 3. Top-k per row into the selection.
     let topk = "indexer_select_topk_f32";
     let mut sel = gpu.output::<i32>(rows * (2 + keep), topk)?;
     let f = gpu.function(FILE, topk)?;
     let cfg = LaunchConfig {
-        grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
-        block_dim: (TOPK_THREADS, 1, 1),
+        grid_dim: (
+            blocks.div_ceil(IDX_CHUNK).max(1) as u32,
+            rows.min(65_535) as u32,
+            1,
+        ),
+        block_dim: (IDX_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut *sel)
-        .arg(&*scores)
+        .arg(&mut *work)
         .arg(step)
         .arg(&r64)
         .arg(&block32)
         .arg(&keep32)
         .arg(&blocks64);
-    // SAFETY: sel holds rows*(2+keep) ints and scores rows*blocks floats; each row reads only
-    // its scores below min(complete, blocks), written by step 3 for every sparse row.
+    // SAFETY: sel holds rows*(2+keep) ints, work indexer_work_len(rows, blocks) words written by
+    // launches 1 and 2 (in stream order); each row reads its keys below min(complete, blocks),
+    // written by launch 2 for every sparse row, and at most IDX_LIST candidates.
     launched(topk, unsafe { b.launch(cfg) })?;
     Ok(sel)
 }

@@ -540,3 +540,45 @@ pub fn ple_gate(
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
+
+/// `ops::linear::sigmoid_gated_add`: `a + sigmoid(x·wᵀ) * b` per row, `x [rows, h]`, `w [h]`,
+/// `a, b [rows, d]`. One block per row.
+pub fn sigmoid_gated_add(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "sigmoid_gated_add_reference_f32";
+    let h = w.len();
+    let d = a.len().checked_div(rows).unwrap_or(0);
+    shape(
+        kernel,
+        rows > 0 && h > 0 && x.len() == rows * h && d > 0 && a.len() == b.len(),
+        || {
+            format!(
+                "x {} values, gate weight {h}, a {} and b {} values for {rows} rows",
+                x.len(),
+                a.len(),
+                b.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let mut y = gpu.output::<f32>(rows * d, kernel)?;
+    let (r64, h64, d64) = (rows as i64, h as i64, d as i64);
+    let mut bld = gpu.stream.launch_builder(&f);
+    bld.arg(&mut *y)
+        .arg(x)
+        .arg(w)
+        .arg(b)
+        .arg(a)
+        .arg(&r64)
+        .arg(&h64)
+        .arg(&d64);
+    // SAFETY: x is rows*h, w h, a, b and y rows*d, all checked above.
+    launched(kernel, unsafe { bld.launch(block_grid(rows)) })?;
+    Ok(y)
+}

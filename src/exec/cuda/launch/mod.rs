@@ -207,7 +207,13 @@ pub fn linear_rows(
     k: usize,
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = w.kernel("linear_rows");
+    // One token: the kernel instantiated for a single accumulator per lane (fewer registers,
+    // more warps in flight).
+    let kernel_name = w.kernel(if tokens == 1 {
+        "linear_rows1"
+    } else {
+        "linear_rows"
+    });
     let kernel = kernel_name.as_str();
     shape(
         kernel,
@@ -279,6 +285,88 @@ pub fn linear_tiled(
     arg_matrix(&mut b, w);
     b.arg(&t64).arg(&k64).arg(&n64);
     // SAFETY: shapes checked above; every load and store is bounds-checked in the kernel.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// The block tile of [`linear_mma_tiles`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaTile {
+    /// 128 tokens x 128 outputs, 8 warps (`linear_mma_bf16`).
+    Large,
+    /// 64 tokens x 64 outputs, 4 warps (`linear_mma64_bf16`): 4x the blocks, for shapes that
+    /// give too few large tiles to fill the GPU.
+    Small,
+}
+
+/// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
+/// so that the result keeps f32 accuracy). Small tiles: with each stage's products summed into
+/// a second set of accumulators (see the kernel), the large tile's 64 accumulators per thread no
+/// longer fit its register budget. f32 weights, `k` not a multiple of 8 or unaligned buffers:
+/// [`linear_tiled`].
+pub fn linear_mma(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let tile = MmaTile::Small;
+    linear_mma_tiles(gpu, x, w, tokens, k, n, tile)
+}
+
+/// [`linear_mma`] with the tile given (tests and tuning).
+pub fn linear_mma_tiles(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+    tile: MmaTile,
+) -> Result<Buf<f32>, CudaError> {
+    use cudarc::driver::DevicePtr as _;
+    let DeviceMatrix::Bf16(bits) = w else {
+        return linear_tiled(gpu, x, w, tokens, k, n);
+    };
+    let aligned = x.device_ptr(&gpu.stream).0 % 16 == 0 && bits.device_ptr(&gpu.stream).0 % 16 == 0;
+    if !k.is_multiple_of(8) || !aligned {
+        return linear_tiled(gpu, x, w, tokens, k, n);
+    }
+    let (kernel, bm, bn, threads) = match tile {
+        MmaTile::Large => ("linear_mma_bf16", 128, 128, 256),
+        MmaTile::Small => ("linear_mma64_bf16", 64, 64, 128),
+    };
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0 && k > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
+        || format!("{tokens}x{n} is too large a grid"),
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *y).arg(x).arg(bits);
+    b.arg(&t64).arg(&k64).arg(&n64);
+    // SAFETY: shapes checked above; k % 8 == 0 and both inputs 16-byte aligned (the kernel's
+    // 16-byte loads); every load and store past T, n or k is masked in the kernel.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }

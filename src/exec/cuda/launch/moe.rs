@@ -1,11 +1,12 @@
 //! Mixture of experts on the device (`kernels/moe.cu`): the router (softmax, top k) and the routed
-//! SwiGLU experts, whose expert ids stay on the device; and PLE's hashed n-gram ids, whose history
-//! is a device buffer updated in place. `src/ops/moe.rs` and `src/ops/ple.rs` are the reference.
+//! SwiGLU experts, token-major (few tokens) or expert-major (many), whose expert ids stay on the
+//! device; and PLE's hashed n-gram ids, whose history is a device buffer updated in place.
+//! `src/ops/moe.rs` and `src/ops/ple.rs` are the reference.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::arg_matrix;
-use super::{launched, shape, DeviceMatrix};
+use super::{grid_for, launched, shape, DeviceMatrix};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
@@ -13,12 +14,43 @@ use crate::exec::cuda::error::CudaError;
 pub const ROUTER_MAX_TOPK: usize = 64;
 /// Dynamic shared memory a kernel may use without opting in.
 const SHARED_LIMIT: usize = 48 * 1024;
-/// Warps per block of the expert kernels.
-const EXPERT_WARPS: usize = 8;
+/// What the router kernel's static shared memory may take of `SHARED_LIMIT` (about 4.7 KB).
+const ROUTER_STATIC_SHARED: usize = 8 * 1024;
+/// The router's softmax threads at most, and its selection warps (`kernels/moe.cu`).
+const ROUTER_EXP_THREADS: usize = 512;
+const ROUTER_SEL_WARPS: usize = 4;
+/// Candidate starts either side of each piece of the router's sum (`ROUTER_WINDOW`).
+pub const ROUTER_WINDOW: i32 = 64;
+/// Warps per block of the expert kernels (small blocks: even work over the SMs).
+const EXPERT_WARPS: usize = 4;
+/// 16-byte chunks per slot a lane loads at once in the down kernel (`DOWN_BATCH`).
+const DOWN_BATCH: usize = 5;
+
+/// How the router kernel gets its (always identical) result; the default is the fast way. The
+/// others are for tests: each path must give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouterPaths {
+    /// Candidate starts either side of each piece of the sequential sum (at most
+    /// [`ROUTER_WINDOW`]); 0 makes most pieces miss (thread 0 then adds them itself); negative:
+    /// no pieces, one thread adds every exp.
+    pub window: i32,
+    /// Always select on the probabilities (the slow exact path), never on the logits.
+    pub select_on_probabilities: bool,
+}
+
+impl Default for RouterPaths {
+    fn default() -> Self {
+        RouterPaths {
+            window: ROUTER_WINDOW,
+            select_on_probabilities: false,
+        }
+    }
+}
 
 /// `ops::moe::route` for `logits [rows, experts]`: per row a softmax, then the `top_k` largest
 /// probabilities (ties: lower expert id first) in selection order, renormalised by their sum when
-/// `normalize`. Returns ids and weights `[rows, top_k]`, both on the device.
+/// `normalize`. Returns ids and weights `[rows, top_k]`, both on the device, equal bit for bit to
+/// the reference's (the exps are the device's: `exp` in double rounded to f32).
 pub fn moe_router(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -27,8 +59,31 @@ pub fn moe_router(
     top_k: usize,
     normalize: bool,
 ) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
+    moe_router_paths(
+        gpu,
+        logits,
+        rows,
+        experts,
+        top_k,
+        normalize,
+        RouterPaths::default(),
+    )
+}
+
+/// [`moe_router`] by the given path (tests).
+pub fn moe_router_paths(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    experts: usize,
+    top_k: usize,
+    normalize: bool,
+    paths: RouterPaths,
+) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
     let kernel = "moe_router_reference_f32";
-    let shared = experts * (std::mem::size_of::<f32>() + 1);
+    // The exps (rounded up to 4 floats), then one u64 per chunk of 32 experts.
+    let shared = experts.next_multiple_of(4) * std::mem::size_of::<f32>()
+        + experts.div_ceil(32) * std::mem::size_of::<u64>();
     shape(
         kernel,
         rows > 0 && experts > 0 && logits.len() == rows * experts,
@@ -44,16 +99,26 @@ pub fn moe_router(
         top_k > 0 && top_k <= experts && top_k <= ROUTER_MAX_TOPK,
         || format!("top {top_k} of {experts} experts (at most {ROUTER_MAX_TOPK})"),
     )?;
-    shape(kernel, shared <= SHARED_LIMIT, || {
-        format!("{experts} experts need {shared} bytes of shared memory, more than {SHARED_LIMIT}")
-    })?;
+    shape(
+        kernel,
+        shared <= SHARED_LIMIT - ROUTER_STATIC_SHARED,
+        || {
+            format!(
+                "{experts} experts need {shared} bytes of shared memory, more than {}",
+                SHARED_LIMIT - ROUTER_STATIC_SHARED
+            )
+        },
+    )?;
     let f = gpu.function("moe.cu", kernel)?;
     let mut ids = gpu.output::<i64>(rows * top_k, "router ids")?;
     let mut weights = gpu.output::<f32>(rows * top_k, "router weights")?;
     let (r64, e32, k32, n32) = (rows as i64, experts as i32, top_k as i32, normalize as i32);
+    let window = paths.window.min(ROUTER_WINDOW);
+    let flags = paths.select_on_probabilities as i32;
+    let exp_threads = experts.next_multiple_of(32).min(ROUTER_EXP_THREADS);
     let cfg = LaunchConfig {
         grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
-        block_dim: (experts.next_multiple_of(32).min(256) as u32, 1, 1),
+        block_dim: ((exp_threads + 32 * ROUTER_SEL_WARPS) as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     let mut b = gpu.stream.launch_builder(&f);
@@ -63,23 +128,39 @@ pub fn moe_router(
         .arg(&r64)
         .arg(&e32)
         .arg(&k32)
-        .arg(&n32);
+        .arg(&n32)
+        .arg(&window)
+        .arg(&flags);
     // SAFETY: logits holds rows*experts floats, ids and weights rows*top_k values each;
-    // top_k <= ROUTER_MAX_TOPK (the kernel's static arrays) and the dynamic shared memory holds
-    // `experts` floats and `experts` flags.
+    // top_k <= ROUTER_MAX_TOPK (the kernel's static arrays); the dynamic shared memory holds the
+    // exps rounded up to 4 and a u64 per 32 experts; the block is the softmax threads (a multiple
+    // of 32, at most ROUTER_EXP_THREADS, as the kernel's named barrier and launch bounds expect)
+    // plus ROUTER_SEL_WARPS warps; window <= ROUTER_WINDOW (the candidates' static array).
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((ids, weights))
 }
 
-/// The routed experts, token-major (`ops::moe::token_major`):
-/// `y[t] = Σ_j w[t,j] · down_e(silu(G) * U)` with `[G; U] = gate_up_e · x_t` and
-/// `e = ids[t,j]`, read on the device. `x [rows, hidden]`, `ids`, `w [rows, top_k]`,
-/// `gate_up [E, 2·intermediate, hidden]` (per expert the gate rows, then the up rows),
-/// `down [E, hidden, intermediate]`; f32 or bf16 weights (each matrix picks its own kernel).
-/// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
+/// Lanes per slot in the down kernel: the fewest (a power of 2) that leave each lane at most
+/// `DOWN_BATCH` 16-byte chunks of a row (or elements, when the row does not split into chunks),
+/// so that several slots' rows are read at once.
+fn down_lanes(intermediate: usize, chunk: usize) -> u32 {
+    let n = if intermediate.is_multiple_of(chunk) {
+        intermediate / chunk
+    } else {
+        intermediate
+    };
+    let mut lanes = 1;
+    while lanes < 32 && n.div_ceil(lanes) > DOWN_BATCH {
+        lanes *= 2;
+    }
+    lanes as u32
+}
+
+/// The shape checks of both expert variants (errors name `kernels[0]` for the inputs and
+/// gate/up, `kernels[1]` for down); returns the number of experts.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_experts(
-    gpu: &Gpu,
+fn expert_shapes(
+    kernels: [&str; 2],
     x: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,
     w: &CudaSlice<f32>,
@@ -89,12 +170,8 @@ pub fn moe_experts(
     top_k: usize,
     hidden: usize,
     intermediate: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let (gu_name, down_name) = (
-        gate_up.kernel("moe_experts_gate_up"),
-        down.kernel("moe_experts_down"),
-    );
-    let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
+) -> Result<usize, CudaError> {
+    let [gu_kernel, down_kernel] = kernels;
     let per_expert = 2 * intermediate * hidden;
     shape(
         gu_kernel,
@@ -136,6 +213,49 @@ pub fn moe_experts(
             )
         },
     )?;
+    Ok(experts)
+}
+
+/// The routed experts, token-major (`ops::moe::token_major`):
+/// `y[t] = Σ_j w[t,j] · down_e(silu(G) * U)` with `[G; U] = gate_up_e · x_t` and
+/// `e = ids[t,j]`, read on the device. `x [rows, hidden]`, `ids`, `w [rows, top_k]`,
+/// `gate_up [E, 2·intermediate, hidden]` (per expert the gate rows, then the up rows),
+/// `down [E, hidden, intermediate]`; f32 or bf16 weights (each matrix picks its own kernel).
+/// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
+///
+/// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane;
+/// down, one warp per (token, output row), its slots read a few at once (`down_lanes`), summed in
+/// slot order as the reference. Blocks of 4 warps, so that the work is even over the SMs.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ids: &CudaSlice<i64>,
+    w: &CudaSlice<f32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    rows: usize,
+    top_k: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let (gu_name, down_name) = (
+        gate_up.kernel("moe_experts_gate_up"),
+        down.kernel("moe_experts_down"),
+    );
+    let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
+    let experts = expert_shapes(
+        [gu_kernel, down_kernel],
+        x,
+        ids,
+        w,
+        gate_up,
+        down,
+        rows,
+        top_k,
+        hidden,
+        intermediate,
+    )?;
     let slots = rows * top_k;
     let (s64, t64, k32, h64, int64, e64) = (
         slots as i64,
@@ -151,8 +271,10 @@ pub fn moe_experts(
     let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
     let cfg = LaunchConfig {
         grid_dim: (
-            intermediate.div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
-            slots.min(65_535) as u32,
+            (slots * intermediate)
+                .div_ceil(EXPERT_WARPS)
+                .min(65_535 * 8) as u32,
+            1,
             1,
         ),
         block_dim,
@@ -163,16 +285,21 @@ pub fn moe_experts(
     arg_matrix(&mut b, gate_up);
     b.arg(&s64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
     // SAFETY: the shapes were checked above; ids outside [0, experts) are not dereferenced; act
-    // holds slots*intermediate floats; 16-byte loads are used only when hidden allows, and
-    // cudarc's allocations are 256-byte aligned.
+    // holds slots*intermediate floats; 16-byte loads are used only where the row length and the
+    // addresses allow.
     launched(gu_kernel, unsafe { b.launch(cfg) })?;
 
     let f = gpu.function("moe.cu", down_kernel)?;
     let mut y = gpu.output::<f32>(rows * hidden, down_kernel)?;
+    let chunk = match down {
+        DeviceMatrix::F32(_) => 4,
+        DeviceMatrix::Bf16(_) => 8,
+    };
+    let lanes = down_lanes(intermediate, chunk) as i32;
     let cfg = LaunchConfig {
         grid_dim: (
-            hidden.div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
-            rows.min(65_535) as u32,
+            (rows * hidden).div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
+            1,
             1,
         ),
         block_dim,
@@ -181,10 +308,160 @@ pub fn moe_experts(
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
     arg_matrix(&mut b, down);
-    b.arg(&t64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
-    // SAFETY: as above; act was written by the previous launch on the same stream, and y holds
-    // rows*hidden floats.
+    b.arg(&t64)
+        .arg(&k32)
+        .arg(&h64)
+        .arg(&int64)
+        .arg(&e64)
+        .arg(&lanes);
+    // SAFETY: as above; act was written by the previous launch on the same stream, y holds
+    // rows*hidden floats, and lanes is a power of 2 up to 32 (the kernel's lane groups).
     launched(down_kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// Slots per tile of the expert-major kernels (`EM_TILE`): each expert's weights are read once
+/// per tile of its slots.
+const EM_TILE: usize = 64;
+/// Threads of the expert-major grouping kernel (one block).
+const EM_GROUP_THREADS: u32 = 1024;
+
+/// The routed experts, expert-major (`ops::moe::expert_major`), for many tokens: the slots are
+/// grouped by expert on the device, then each expert's rows are read once per tile of 64 of its
+/// slots (shared-memory tiles, 64 slots x 64 outputs), instead of once per slot. The same
+/// arguments and result as [`moe_experts`] (ids outside `[0, E)`: that token's row is NaN); the
+/// same products and the reference's slot-order sum, so the result equals the token-major one
+/// within f32 rounding (each slot's dot products are summed in a different order).
+///
+/// Four launches: grouping (one block), gate/up tiles, down tiles (into one row per slot), the
+/// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats, plus the grouping's
+/// `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on the shapes (a tile
+/// table sized for the worst case; blocks past the last tile return at once).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_expert_major(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ids: &CudaSlice<i64>,
+    w: &CudaSlice<f32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    rows: usize,
+    top_k: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let (gu_name, down_name) = (
+        gate_up.kernel("moe_experts_expert_major_gate_up"),
+        down.kernel("moe_experts_expert_major_down"),
+    );
+    let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
+    let (group_kernel, combine_kernel) = (
+        "moe_experts_expert_major_group",
+        "moe_experts_expert_major_combine_f32",
+    );
+    let experts = expert_shapes(
+        [gu_kernel, down_kernel],
+        x,
+        ids,
+        w,
+        gate_up,
+        down,
+        rows,
+        top_k,
+        hidden,
+        intermediate,
+    )?;
+    let slots = rows * top_k;
+    let max_tiles = slots.div_ceil(EM_TILE) + experts;
+    let group_shared = 3 * experts * std::mem::size_of::<i32>();
+    shape(
+        group_kernel,
+        group_shared <= SHARED_LIMIT - 1024 && slots <= i32::MAX as usize,
+        || format!("{experts} experts ({group_shared} bytes of shared memory), {slots} slots"),
+    )?;
+    shape(
+        gu_kernel,
+        intermediate.div_ceil(EM_TILE) <= 65_535 && hidden.div_ceil(EM_TILE) <= 65_535,
+        || format!("{intermediate} or {hidden} outputs: too many tiles of {EM_TILE}"),
+    )?;
+    let (s64, t64, k32, h64, int64, e64, e32, mt64) = (
+        slots as i64,
+        rows as i64,
+        top_k as i32,
+        hidden as i64,
+        intermediate as i64,
+        experts as i64,
+        experts as i32,
+        max_tiles as i64,
+    );
+
+    let mut order = gpu.scratch::<i32>(slots, "expert-major slot order")?;
+    let mut tiles = gpu.scratch::<i32>(3 * max_tiles, "expert-major tiles")?;
+    let f = gpu.function("moe.cu", group_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (EM_GROUP_THREADS, 1, 1),
+        shared_mem_bytes: group_shared as u32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *order)
+        .arg(&mut *tiles)
+        .arg(ids)
+        .arg(&s64)
+        .arg(&e32)
+        .arg(&mt64);
+    // SAFETY: one block; ids holds `slots` values (those outside [0, experts) are skipped);
+    // order holds `slots` ints and tiles 3*max_tiles, max_tiles >= ceil(slots/64) + experts
+    // (every tile the grouping makes, and the rest are marked -1); the dynamic shared memory
+    // holds 3*experts ints.
+    launched(group_kernel, unsafe { b.launch(cfg) })?;
+
+    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
+    let f = gpu.function("moe.cu", gu_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (max_tiles as u32, intermediate.div_ceil(EM_TILE) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *act).arg(x).arg(&*order).arg(&*tiles);
+    arg_matrix(&mut b, gate_up);
+    b.arg(&k32).arg(&h64).arg(&int64);
+    // SAFETY: the tile table (written by the previous launch on this stream) names valid experts
+    // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k <
+    // rows; act holds slots*intermediate floats; 256 threads as the kernel's tiles expect.
+    launched(gu_kernel, unsafe { b.launch(cfg) })?;
+
+    let mut out = gpu.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
+    let f = gpu.function("moe.cu", down_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_TILE) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *out).arg(&*act).arg(&*order).arg(&*tiles);
+    arg_matrix(&mut b, down);
+    b.arg(&h64).arg(&int64);
+    // SAFETY: as above; out holds slots*hidden floats (the rows of valid slots are written).
+    launched(down_kernel, unsafe { b.launch(cfg) })?;
+
+    let f = gpu.function("moe.cu", combine_kernel)?;
+    let mut y = gpu.output::<f32>(rows * hidden, combine_kernel)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *y)
+        .arg(&*out)
+        .arg(ids)
+        .arg(w)
+        .arg(&t64)
+        .arg(&k32)
+        .arg(&h64)
+        .arg(&e64);
+    // SAFETY: y holds rows*hidden floats; out's rows are read only for slots with valid ids,
+    // whose rows the previous launch wrote.
+    launched(combine_kernel, unsafe {
+        b.launch(grid_for(rows * hidden, 256))
+    })?;
     Ok(y)
 }
 

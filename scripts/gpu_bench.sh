@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The benchmark at the real geometry, on the GPU machine (which has no Rust toolchain).
+#
+#   here:            cargo build --release && mkdir -p gpu-bin && cp target/release/graphrun gpu-bin/
+#   on the device:   bash scripts/gpu_bench.sh [bench options]   # through the `device` tool, carry: ["gpu-bin"]
+#
+# Writes $OUT/bench.log (a header with the command and date, then the table) and $OUT/bench.json
+# (or results/ when OUT is unset); commit them under results/<date>-bench-*.{log,json}.
+# Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0
+export GRAPHRUN_KERNEL_CACHE="${GRAPHRUN_KERNEL_CACHE:-/tmp/graphrun-kernels}"
+out="${OUT:-results}"
+args=("$@")
+if [ ${#args[@]} -eq 0 ]; then
+    args=(--layers 8 --contexts 1024,8192 --prefills 2048,8192)
+fi
+{
+    echo "# graphrun bench"
+    echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# command: ./gpu-bin/graphrun bench ${args[*]} --json bench.json"
+    echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (plus uncommitted changes, if any)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    ./gpu-bin/graphrun bench "${args[@]}" --json "$out/bench.json"
+} 2>&1 | tee "$out/bench.log"
