@@ -238,6 +238,28 @@ __device__ __forceinline__ void swiglu_linear(float* y, const float* x, const W*
     }
 }
 
+// One token (decode): a block per output row, so that the 640 rows of the shared expert still
+// put every multiprocessor's loads in flight (a warp per row left most SMs idle).
+template <typename W>
+__device__ __forceinline__ void swiglu_linear_block(float* y, const float* x, const W* wg, const W* wu, long k,
+                                                    long n) {
+    for (long r = blockIdx.x; r < n; r += gridDim.x) {
+        const float g = block_dot(x, wg + r * k, k);
+        const float u = block_dot(x, wu + r * k, k);
+        if (threadIdx.x == 0) y[r] = silu_f32(g) * u;
+    }
+}
+
+extern "C" __global__ void swiglu_linear_block_f32(float* y, const float* x, const float* wg, const float* wu, long k,
+                                                   long n) {
+    swiglu_linear_block<float>(y, x, wg, wu, k, n);
+}
+
+extern "C" __global__ void swiglu_linear_block_bf16(float* y, const float* x, const bf16_t* wg, const bf16_t* wu,
+                                                    long k, long n) {
+    swiglu_linear_block<bf16_t>(y, x, wg, wu, k, n);
+}
+
 extern "C" __global__ void swiglu_linear_reference_f32(float* y, const float* x, const float* wg, const float* wu,
                                                        long tokens, long k, long n) {
     swiglu_linear<float>(y, x, wg, wu, tokens, k, n);

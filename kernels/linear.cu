@@ -100,6 +100,22 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, co
     linear_rows<bf16_t, 1>(y, x, w, tokens, k, n);
 }
 
+// One token and few output rows (GDN's b and a: 48 rows; the router: 512): a block per row, so
+// that the matrix is spread over every multiprocessor.
+extern "C" __global__ void linear_block1_f32(float* y, const float* x, const float* w, long k, long n) {
+    for (long r = blockIdx.x; r < n; r += gridDim.x) {
+        const float s = block_dot(x, w + r * k, k);
+        if (threadIdx.x == 0) y[r] = s;
+    }
+}
+
+extern "C" __global__ void linear_block1_bf16(float* y, const float* x, const bf16_t* w, long k, long n) {
+    for (long r = blockIdx.x; r < n; r += gridDim.x) {
+        const float s = block_dot(x, w + r * k, k);
+        if (threadIdx.x == 0) y[r] = s;
+    }
+}
+
 // Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs
 // (32 of k at a time), so each weight tile is read once per 64 tokens instead of once per 8.
 // 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns tokens ty*4..+4 and outputs tx*4..+4.

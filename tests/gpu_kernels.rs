@@ -127,8 +127,13 @@ fn kernels_match_the_cpu_reference() {
 
     // Linear layers: tiny odd shapes (no 16-byte path), and the real decode/prefill shapes:
     // q_proj 2560→12288, o_proj 6144→2560, GDN in_proj_qkv 2560→10240, lm_head 2560→248320.
+    // One token with at most 1024 outputs takes the block-per-row kernel (GDN b/a 2560→48, the
+    // router 2560→512), more the warp-per-row one.
     let shapes = [
         (1, 37, 53),
+        (1, 2560, 48),
+        (1, 2560, 512),
+        (1, 2560, 1025),
         (5, 64, 129),
         (9, 300, 17),
         (1, 2560, 12288),
@@ -323,7 +328,10 @@ fn shape_errors_name_the_kernel() {
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 3).expect_err("a shape error");
-    // One token takes the single-accumulator instantiation.
+    // One token and few rows take the block-per-row kernel, more rows the single-accumulator
+    // instantiation.
+    assert!(err.to_string().contains("linear_block1_f32"), "{err}");
+    let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 2000).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows1_f32"), "{err}");
     let x8 = gpu.upload(&[1.0f32; 20], "x").unwrap();
     let err = launch::linear_rows(&gpu, &x8, &w, 2, 10, 3).expect_err("a shape error");

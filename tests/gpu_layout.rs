@@ -183,8 +183,10 @@ fn layout_kernels_match_the_cpu_reference() {
     }
 
     // Fused SwiGLU: tiny odd shapes (the scalar path), more tokens than a warp takes at once
-    // (8), and the real shared expert 2560→640.
+    // (8), and the real shared expert 2560→640; one row takes the block-per-row kernel (odd k
+    // too).
     for (rows, k, n) in [
+        (1, 37, 19),
         (3, 37, 19),
         (3, 64, 24),
         (9, 32, 40),

@@ -369,7 +369,8 @@ pub fn hc_inject(
 
 /// Fused expert gate/up (`ops::linear::swiglu`): `silu(x·Wgᵀ) * (x·Wuᵀ)` for `x [rows, k]`,
 /// `Wg, Wu [n, k]` (both f32 or both bf16). One warp per output row, every token in the warp,
-/// both dot products in the same pass over x, as `linear_rows`.
+/// both dot products in the same pass over x, as `linear_rows`; one token: a block per output
+/// row (`swiglu_linear_block_*`).
 pub fn swiglu(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -379,7 +380,12 @@ pub fn swiglu(
     k: usize,
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = wg.kernel("swiglu_linear_reference");
+    let one = rows == 1;
+    let kernel_name = wg.kernel(if one {
+        "swiglu_linear_block"
+    } else {
+        "swiglu_linear_reference"
+    });
     let kernel = kernel_name.as_str();
     shape(
         kernel,
@@ -406,10 +412,14 @@ pub fn swiglu(
     let mut y = gpu.output::<f32>(rows * n, kernel)?;
     let (t64, k64, n64) = (rows as i64, k as i64, n as i64);
     const WARPS: usize = 8;
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
+    let cfg = if one {
+        block_grid(n)
+    } else {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        }
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut *y).arg(x);
@@ -418,7 +428,10 @@ pub fn swiglu(
         (DeviceMatrix::Bf16(g), DeviceMatrix::Bf16(u)) => b.arg(g).arg(u),
         _ => unreachable!("dtypes checked above"),
     };
-    b.arg(&t64).arg(&k64).arg(&n64);
+    if !one {
+        b.arg(&t64);
+    }
+    b.arg(&k64).arg(&n64);
     // SAFETY: x is rows*k, wg and wu n*k, y rows*n, all checked above; 16-byte loads are used
     // only when k and the base addresses allow (checked in the kernel).
     launched(kernel, unsafe { b.launch(cfg) })?;

@@ -198,6 +198,9 @@ pub(crate) fn arg_matrix<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, m: &'a Devi
     };
 }
 
+/// Up to this many output rows, a one-token linear layer gives each row a whole block.
+const FEW_OUTPUT_ROWS: usize = 1024;
+
 /// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row.
 pub fn linear_rows(
     gpu: &Gpu,
@@ -208,8 +211,12 @@ pub fn linear_rows(
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
     // One token: the kernel instantiated for a single accumulator per lane (fewer registers,
-    // more warps in flight).
-    let kernel_name = w.kernel(if tokens == 1 {
+    // more warps in flight); with few output rows, a block per row (a warp per row would leave
+    // most multiprocessors idle).
+    let block_per_row = tokens == 1 && n <= FEW_OUTPUT_ROWS;
+    let kernel_name = w.kernel(if block_per_row {
+        "linear_block1"
+    } else if tokens == 1 {
         "linear_rows1"
     } else {
         "linear_rows"
@@ -231,14 +238,21 @@ pub fn linear_rows(
     let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
     const WARPS: usize = 8;
     let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(WARPS).clamp(1, 65_535 * 8) as u32, 1, 1),
+        grid_dim: if block_per_row {
+            (n.max(1) as u32, 1, 1)
+        } else {
+            (n.div_ceil(WARPS).clamp(1, 65_535 * 8) as u32, 1, 1)
+        },
         block_dim: ((WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
-    b.arg(&t32).arg(&k64).arg(&n64);
+    if !block_per_row {
+        b.arg(&t32);
+    }
+    b.arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
     // cudarc's allocations are 256-byte aligned.
     launched(kernel, unsafe { b.launch(cfg) })?;
