@@ -30,6 +30,21 @@ pub struct Gpu {
     /// Arena slots (address, bytes) for the outputs of the node being launched, in output
     /// order: [`Gpu::output`] hands them out (see `exec::cuda::executor`).
     slots: Mutex<VecDeque<(sys::CUdeviceptr, usize)>>,
+    /// Where [`Gpu::scratch`] takes kernel temporaries from while a step runs.
+    scratch: Mutex<Scratch>,
+}
+
+/// Kernel temporaries of the node being launched: bump-allocated from a step's scratch buffer
+/// when one is set (it is reset before every node: a temporary never outlives its launch
+/// function, and the stream orders the next node's use after this one's kernels), else
+/// allocated on the stream. `asked`/`peak` measure what a node needs, so that the executor can
+/// size the buffer after a step's first (eager) run.
+#[derive(Default)]
+struct Scratch {
+    pool: Option<(sys::CUdeviceptr, usize)>,
+    used: usize,
+    asked: usize,
+    peak: usize,
 }
 
 /// A kernel's output buffer: its own allocation, or a slot of a step's arena (laid out by
@@ -137,6 +152,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             compiled: Mutex::new(Vec::new()),
             slots: Mutex::new(VecDeque::new()),
+            scratch: Mutex::new(Scratch::default()),
         })
     }
 
@@ -236,9 +252,25 @@ impl Gpu {
         }
     }
 
-    /// A temporary of `len` elements, allocated on the stream (inside a captured graph, a
-    /// graph allocation). Not zeroed.
+    /// A temporary of `len` elements for the launch being made: from the step's scratch buffer
+    /// when one is set and has room ([`Gpu::set_scratch_pool`]), else allocated on the stream
+    /// (inside a captured graph, a graph allocation). Not zeroed.
     pub fn scratch<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<Buf<T>, CudaError> {
+        let bytes = (len.max(1) * std::mem::size_of::<T>()).next_multiple_of(256);
+        {
+            let mut sc = self.scratch.lock().expect("scratch lock");
+            sc.asked += bytes;
+            sc.peak = sc.peak.max(sc.asked);
+            if let Some((base, size)) = sc.pool {
+                if sc.used + bytes <= size {
+                    let ptr = base + sc.used as u64;
+                    sc.used += bytes;
+                    // SAFETY: the executor keeps the pool allocated while its step's graphs
+                    // exist, and nothing else uses these bytes until the next node.
+                    return Ok(unsafe { Buf::aliased(&self.stream, ptr, len) });
+                }
+            }
+        }
         // SAFETY: the memory is uninitialised; every caller's kernel writes what it later reads.
         unsafe { self.stream.alloc::<T>(len.max(1)) }
             .map(|s| Buf::owned(s))
@@ -249,6 +281,25 @@ impl Gpu {
                     e,
                 )
             })
+    }
+
+    /// Sets (or clears) the step's scratch buffer and starts a new measure of the most scratch
+    /// a node asks for; returns the previous measure's peak in bytes.
+    pub fn set_scratch_pool(&self, pool: Option<(sys::CUdeviceptr, usize)>) -> usize {
+        let mut sc = self.scratch.lock().expect("scratch lock");
+        let peak = sc.peak;
+        *sc = Scratch {
+            pool,
+            ..Scratch::default()
+        };
+        peak
+    }
+
+    /// Called before each node: its temporaries start at the beginning of the scratch buffer.
+    pub fn next_node_scratch(&self) {
+        let mut sc = self.scratch.lock().expect("scratch lock");
+        sc.used = 0;
+        sc.asked = 0;
     }
 
     /// Sets the arena slots for the outputs of the next launch (see [`Gpu::output`]); returns

@@ -214,6 +214,9 @@ struct StepIo {
     /// The arena slots (address, bytes) of the program input and of each node's outputs.
     input_slot: (sys::CUdeviceptr, usize),
     node_slots: Vec<Vec<(sys::CUdeviceptr, usize)>>,
+    /// The kernels' temporaries (one node's at a time), sized by the most any node asked for in
+    /// the step's first run; until then temporaries are allocated on the stream.
+    scratch: Option<CudaSlice<u8>>,
 }
 
 impl StepIo {
@@ -261,6 +264,7 @@ impl StepIo {
             _arena: arena,
             input_slot,
             node_slots,
+            scratch: None,
         })
     }
 }
@@ -466,7 +470,25 @@ fn record(
         .io
         .remove(&key)
         .expect("run() prepared the step buffers");
+    let pool = io
+        .scratch
+        .as_ref()
+        .map(|b| (b.device_ptr(&gpu.stream).0, b.len()));
+    gpu.set_scratch_pool(pool);
     let result = record_nodes(gpu, program, weights, state, &mut io, capture);
+    let peak = gpu.set_scratch_pool(None);
+    // After the first run, a scratch buffer for the next ones (before any capture: a captured
+    // graph keeps the addresses it saw).
+    let sized = io.scratch.as_ref().map_or(0, |b| b.len());
+    if result.is_ok() && !capture && peak > sized && !state.graphs.contains_key(&key) {
+        match gpu.zeros::<u8>(peak, "the step's kernel scratch") {
+            Ok(buf) => io.scratch = Some(buf),
+            Err(e) => {
+                state.io.insert(key, io);
+                return Err(e);
+            }
+        }
+    }
     state.io.insert(key, io);
     result
 }
@@ -604,6 +626,7 @@ fn record_segment<'p>(
         let arg = |i: usize| &values[node.inputs[i].as_str()];
         let slots = &io.node_slots[index];
         gpu.set_slots(slots);
+        gpu.next_node_scratch();
         let result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
         let untaken = gpu.set_slots(&[]);
         for (name, buf) in node.states.iter().zip(bufs) {
