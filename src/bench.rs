@@ -79,6 +79,11 @@ pub struct BenchReport {
     pub dense_fraction_of_copy_bandwidth: f64,
     /// The same for the routed experts (`moe_experts` nodes).
     pub expert_fraction_of_copy_bandwidth: f64,
+    /// The dense parts measured in the replayed graph rather than node by node (the per-node
+    /// events add a few µs a node, which the graph does not pay): the bytes of every node but
+    /// the routed experts, over (the segments' time at the largest context minus the experts'
+    /// profiled time), over the copy bandwidth.
+    pub dense_fraction_in_graph: f64,
     /// The sum of the profiled node times (ms), to compare with the replayed step's time.
     pub profiled_ms_per_step: f64,
     /// The slowest nodes of the profile, one row each.
@@ -465,6 +470,25 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
         });
     }
+    let dense_fraction_in_graph = {
+        let expert_ms: f64 = profile
+            .0
+            .iter()
+            .filter(|r| r.op.starts_with("moe_experts"))
+            .map(|r| r.ms_per_step)
+            .sum();
+        let segments_ms: f64 = decode
+            .iter()
+            .max_by_key(|r| r.context)
+            .map_or(0.0, |r| r.ms_per_segment.iter().sum());
+        let dense_bytes = total(&bytes_last) - bytes_last.expert_weights;
+        let ms = segments_ms - expert_ms;
+        if ms > 0.0 {
+            dense_bytes as f64 / (ms / 1e3) / (bandwidth * 1e9)
+        } else {
+            0.0
+        }
+    };
     Ok(BenchReport {
         device,
         layers: opts.layers,
@@ -478,6 +502,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode_profile: profile.0,
         dense_fraction_of_copy_bandwidth: profile.1,
         expert_fraction_of_copy_bandwidth: profile.2,
+        dense_fraction_in_graph,
         profiled_ms_per_step: profile.3,
         slowest_nodes: profile.4,
         prefill_profile,
@@ -535,6 +560,11 @@ impl std::fmt::Display for BenchReport {
                 self.profiled_ms_per_step,
                 self.dense_fraction_of_copy_bandwidth,
                 self.expert_fraction_of_copy_bandwidth
+            )?;
+            writeln!(
+                f,
+                "  dense parts in the replayed graph (segments' time minus the experts' profiled time): {:.3} of copy bw",
+                self.dense_fraction_in_graph
             )?;
             writeln!(
                 f,

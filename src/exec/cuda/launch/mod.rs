@@ -139,11 +139,9 @@ pub fn rms_norm(
     let groups = (x.len() / group) as i64;
     let mut y = gpu.output::<f32>(x.len(), kernel)?;
     let (g32, wl, uo) = (group as i32, w.len() as i32, unit_offset as i32);
-    let threads = if group >= 1024 {
-        1024
-    } else {
-        group.next_multiple_of(32).max(32) as u32
-    };
+    // About two float4s a thread (the kernel keeps up to four in registers): fewer, fuller
+    // warps make the block's reduction shorter than one thread per channel would.
+    let threads = group.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32;
     let cfg = LaunchConfig {
         grid_dim: ((groups as usize).min(65_535 * 8) as u32, 1, 1),
         block_dim: (threads, 1, 1),
