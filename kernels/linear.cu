@@ -8,6 +8,57 @@
 
 #define MAX_TOKENS 8
 
+// One lane's share of the dot products of weight row `wr` with `nt` (≤ NT) token rows of
+// `xt [*, k]`: acc[t] for t < nt (to be reduced over the warp). 16-byte weight loads when `vec`,
+// LOADS_IN_FLIGHT of them issued before their products.
+template <typename W, int NT>
+__device__ __forceinline__ void row_dots(float* acc, const float* xt, const W* wr, long k, int nt, int lane, bool vec) {
+    constexpr int N = WeightVec<W>::N;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    if (vec) {
+        const long chunks = k / N;
+        long i = lane;
+        for (; i + 32 * (LOADS_IN_FLIGHT - 1) < chunks; i += 32 * LOADS_IN_FLIGHT) {
+            float wv[LOADS_IN_FLIGHT][N];
+#pragma unroll
+            for (int u = 0; u < LOADS_IN_FLIGHT; u++) WeightVec<W>::chunk(wr, i + 32 * u, wv[u]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+#pragma unroll
+                    for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
+                        float xv[N];
+                        act_chunk<N>(xt + t * k, i + 32 * u, xv);
+#pragma unroll
+                        for (int j = 0; j < N; j++) acc[t] += wv[u][j] * xv[j];
+                    }
+                }
+            }
+        }
+        for (; i < chunks; i += 32) {
+            float wv[N];
+            WeightVec<W>::chunk(wr, i, wv);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    float xv[N];
+                    act_chunk<N>(xt + t * k, i, xv);
+#pragma unroll
+                    for (int j = 0; j < N; j++) acc[t] += wv[j] * xv[j];
+                }
+            }
+        }
+    } else {
+        for (long i = lane; i < k; i += 32) {
+            const float wi = WeightVec<W>::one(wr, i);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < nt) acc[t] += wi * xt[t * k + i];
+        }
+    }
+}
+
 // NT: the tokens a pass takes (accumulators per lane). Decode (one token) has its own NT = 1
 // instantiation: 8 accumulators and their predicates cost registers, and registers bound the
 // warps per multiprocessor, i.e. the loads in flight.
@@ -18,54 +69,10 @@ __device__ __forceinline__ void linear_rows(float* y, const float* x, const W* w
     const int lane = threadIdx.x & 31;
     const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
     for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < n; r += gridDim.x * warps_per_block) {
-        const W* wr = w + r * k;
         for (int t0 = 0; t0 < tokens; t0 += NT) {
             const int nt = min(NT, tokens - t0);
-            const float* xt = x + t0 * k;
             float acc[NT];
-#pragma unroll
-            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-            if (vec) {
-                const long chunks = k / N;
-                long i = lane;
-                for (; i + 32 * (LOADS_IN_FLIGHT - 1) < chunks; i += 32 * LOADS_IN_FLIGHT) {
-                    float wv[LOADS_IN_FLIGHT][N];
-#pragma unroll
-                    for (int u = 0; u < LOADS_IN_FLIGHT; u++) WeightVec<W>::chunk(wr, i + 32 * u, wv[u]);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t < nt) {
-#pragma unroll
-                            for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
-                                float xv[N];
-                                act_chunk<N>(xt + t * k, i + 32 * u, xv);
-#pragma unroll
-                                for (int j = 0; j < N; j++) acc[t] += wv[u][j] * xv[j];
-                            }
-                        }
-                    }
-                }
-                for (; i < chunks; i += 32) {
-                    float wv[N];
-                    WeightVec<W>::chunk(wr, i, wv);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t < nt) {
-                            float xv[N];
-                            act_chunk<N>(xt + t * k, i, xv);
-#pragma unroll
-                            for (int j = 0; j < N; j++) acc[t] += wv[j] * xv[j];
-                        }
-                    }
-                }
-            } else {
-                for (long i = lane; i < k; i += 32) {
-                    const float wi = WeightVec<W>::one(wr, i);
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        if (t < nt) acc[t] += wi * xt[t * k + i];
-                }
-            }
+            row_dots<W, NT>(acc, x + t0 * k, w + r * k, k, nt, lane, vec);
             // Reduce only the tokens this pass has (nt is the same in the whole warp).
 #pragma unroll
             for (int t = 0; t < NT; t++) {
@@ -98,6 +105,64 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows1_f32(float* y, con
 extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, const float* x, const bf16_t* w,
                                                                      int tokens, long k, long n) {
     linear_rows<bf16_t, 1>(y, x, w, tokens, k, n);
+}
+
+// linear_hc_write: out [T, C*n] = h + inj ⊗ (x·Wᵀ), the residual write of a block fused into its
+// output projection (`ops::linear::linear_hc_write`): a warp per output row r as `linear_rows`,
+// whose epilogue writes h[t, s, r] + inj[t, s] * y[t, r] for the C streams (product rounded
+// before the add, as `hc_write`). MAX_TOKENS tokens a pass; one token takes the NT = 1 path
+// (see linear_rows).
+template <typename W, int NT>
+__device__ __forceinline__ void linear_hc_write(float* out, const float* h, const float* inj, const float* x,
+                                                const W* w, int tokens, long k, long n, int streams) {
+    constexpr int N = WeightVec<W>::N;
+    const long warps_per_block = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
+    const long width = (long)streams * n;
+    for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < n; r += gridDim.x * warps_per_block) {
+        for (int t0 = 0; t0 < tokens; t0 += NT) {
+            const int nt = min(NT, tokens - t0);
+            float acc[NT];
+            row_dots<W, NT>(acc, x + t0 * k, w + r * k, k, nt, lane, vec);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float y = warp_sum(acc[t]);
+                    const long tt = t0 + t;
+                    for (int s = lane; s < streams; s += 32) {
+                        const long o = tt * width + (long)s * n + r;
+                        out[o] = h[o] + __fmul_rn(inj[tt * streams + s], y);
+                    }
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    linear_hc_write_reference_f32(float* out, const float* h, const float* inj, const float* x, const float* w,
+                                  int tokens, long k, long n, int streams) {
+    linear_hc_write<float, MAX_TOKENS>(out, h, inj, x, w, tokens, k, n, streams);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    linear_hc_write_reference_bf16(float* out, const float* h, const float* inj, const float* x, const bf16_t* w,
+                                   int tokens, long k, long n, int streams) {
+    linear_hc_write<bf16_t, MAX_TOKENS>(out, h, inj, x, w, tokens, k, n, streams);
+}
+
+// One token (decode): the single-accumulator instantiation, as linear_rows1.
+extern "C" __global__ void __launch_bounds__(256)
+    linear_hc_write1_f32(float* out, const float* h, const float* inj, const float* x, const float* w, int tokens,
+                         long k, long n, int streams) {
+    linear_hc_write<float, 1>(out, h, inj, x, w, tokens, k, n, streams);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    linear_hc_write1_bf16(float* out, const float* h, const float* inj, const float* x, const bf16_t* w, int tokens,
+                          long k, long n, int streams) {
+    linear_hc_write<bf16_t, 1>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
 // One token and few output rows (GDN's b and a: 48 rows; the router: 512): a block per row, so

@@ -278,7 +278,13 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
             .map(|w| w.shape.iter().product::<usize>() as u64)
             .unwrap_or(0)
     };
-    let matrix_ops = ["linear", "swiglu_linear", "hc_mix", "hc_inject"];
+    let matrix_ops = [
+        "linear",
+        "swiglu_linear",
+        "hc_mix",
+        "hc_inject",
+        "linear_hc_write",
+    ];
     match &node.op {
         Op::MoeExperts { experts, .. } => {
             let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;

@@ -167,6 +167,54 @@ fn kernels_match_the_cpu_reference() {
         );
     }
 
+    // The output projection fused with the residual write (4 streams): tiny odd k (scalar
+    // path), several passes of 8 tokens, and the real GDN out_proj 6144->2560 and QSA o_proj
+    // 6144->2560 at one token, both weight types.
+    for (t, k, n, c) in [
+        (1, 37, 19, 4),
+        (3, 64, 40, 2),
+        (11, 96, 33, 3),
+        (1, 6144, 2560, 4),
+        (4, 6144, 2560, 4),
+    ] {
+        let x = random(&mut rng, t * k);
+        let w = random(&mut rng, n * k);
+        let h = random(&mut rng, t * c * n);
+        let inj = random(&mut rng, t * c);
+        let (dx, dh, dinj) = (
+            gpu.upload(&x, "x").unwrap(),
+            gpu.upload(&h, "h").unwrap(),
+            gpu.upload(&inj, "inj").unwrap(),
+        );
+        let s = format!("T{t} {k}->{n} C{c}");
+        let bits = bf16_bits(&w);
+        for (dtype, dw, wv) in [
+            (
+                "f32",
+                DeviceMatrix::F32(gpu.upload(&w, "w").unwrap()),
+                w.clone(),
+            ),
+            (
+                "bf16",
+                DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap()),
+                widen(&bits),
+            ),
+        ] {
+            let got = gpu
+                .download(
+                    &launch::linear_hc_write(&gpu, &dh, &dinj, &dx, &dw, t, c).unwrap(),
+                    "y",
+                )
+                .unwrap();
+            report.check(
+                &format!("linear_hc_write_reference_{dtype}"),
+                &s,
+                &got,
+                &linear::linear_hc_write(&h, &inj, &x, &wv, t, c),
+            );
+        }
+    }
+
     // The tiled multi-token kernel: odd sizes (partial tiles in every dimension) and real prefill
     // shapes (2048 tokens through q_proj; o_proj; the shared expert's 2560->640).
     for (t, k, n) in [

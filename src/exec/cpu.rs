@@ -432,6 +432,14 @@ fn exec_node(
                 hyper::hc_mix(hn, &w[0].data, &w[1].data, rows, *streams),
             )
         }
+        Op::LinearHcWrite { streams } => {
+            let (h, rows) = inputs[0].f32();
+            let (inj, x) = (inputs[1].f32().0, inputs[2].f32().0);
+            one(
+                rows,
+                linear::linear_hc_write(h, inj, x, &w[0].data, rows, *streams),
+            )
+        }
         Op::SigmoidGatedAdd => {
             let (x, rows) = inputs[0].f32();
             let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);

@@ -158,6 +158,12 @@ pub enum Op<D> {
     HcInject {
         streams: D,
     },
+    /// Fused linear layer and hyper-connection write: `h + inj ⊗ (x·Wᵀ)`: args `h [T, C*H]`,
+    /// `inj [T, C]`, `x [T, K]`, weight `W [H, K]` (a block's output projection and its residual
+    /// write in one pass: the matrix-vector product's epilogue writes the C streams).
+    LinearHcWrite {
+        streams: D,
+    },
     /// Fused gated sum `a + sigmoid(x·wᵀ) * b`: args `x [T, H]`, `b [T, D]`, `a [T, D]`,
     /// weight `w [1, H]` (the shared expert's gate: one logit per token).
     SigmoidGatedAdd,
@@ -206,6 +212,7 @@ impl<D> Op<D> {
             Op::HcMix { .. } => "hc_mix",
             Op::HcInject { .. } => "hc_inject",
             Op::SigmoidGatedAdd => "sigmoid_gated_add",
+            Op::LinearHcWrite { .. } => "linear_hc_write",
         }
     }
 
@@ -340,6 +347,9 @@ impl<D> Op<D> {
                 streams: f(streams)?,
             },
             Op::SigmoidGatedAdd => Op::SigmoidGatedAdd,
+            Op::LinearHcWrite { streams } => Op::LinearHcWrite {
+                streams: f(streams)?,
+            },
         })
     }
 }

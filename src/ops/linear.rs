@@ -72,6 +72,22 @@ pub fn by_variant(
     }
 }
 
+/// Fused linear layer and hyper-connection write: `h + inj ⊗ (x·Wᵀ)` for `x [T, k]`,
+/// `W [n, k]`, `h [T, streams*n]`, `inj [T, streams]`: the unfused linear then `hc_write`.
+pub fn linear_hc_write(
+    h: &[f32],
+    inj: &[f32],
+    x: &[f32],
+    w: &[f32],
+    tokens: usize,
+    streams: usize,
+) -> Vec<f32> {
+    let k = x.len() / tokens;
+    let n = w.len() / k;
+    let y = rows(x, w, tokens, k, n);
+    super::elementwise::hc_write(h, inj, &y, tokens, streams)
+}
+
 /// Fused gated sum `a + sigmoid(x·wᵀ) * b` for each row: `x [T, H]`, `w [H]` (one gate logit
 /// per token), `a, b [T, D]`. The same roundings as the unfused linear → sigmoid → mul → add.
 pub fn sigmoid_gated_add(x: &[f32], w: &[f32], b: &[f32], a: &[f32], tokens: usize) -> Vec<f32> {

@@ -305,6 +305,21 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w / streams)
         }
+        Op::LinearHcWrite { streams } => {
+            expect_inputs(inputs, 3)?;
+            expect_weights(weights, 1)?;
+            let h = f32_input(inputs[0], "h")?;
+            let inj = f32_input(inputs[1], "inj")?;
+            let k = f32_input(inputs[2], "x")?;
+            check(weights[0].len() == 2 && weights[0][1] == k, || {
+                "weight [H, K]".into()
+            })?;
+            let hid = weights[0][0];
+            check(inj == *streams && h == streams * hid, || {
+                format!("h {h}, inj {inj}, y {hid} do not fit {streams} streams")
+            })?;
+            f(h)
+        }
         Op::SigmoidGatedAdd => {
             expect_inputs(inputs, 3)?;
             expect_weights(weights, 1)?;

@@ -26,6 +26,7 @@ const MATRIX_OPS: &[&str] = &[
     "swiglu_linear",
     "hc_mix",
     "hc_inject",
+    "linear_hc_write",
     "moe_experts",
     "embed",
 ];
@@ -1046,6 +1047,22 @@ fn launch_node<'v>(
                 *streams,
             )?;
             vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::LinearHcWrite { streams } => {
+            let (h, rows) = arg(0).f32();
+            let (inj, x) = (arg(1).f32().0, arg(2).f32().0);
+            vec![DVal::F32 {
+                rows,
+                buf: launch::linear_hc_write(
+                    gpu,
+                    h,
+                    inj,
+                    x,
+                    weights.matrix(w(0))?,
+                    rows,
+                    *streams,
+                )?,
+            }]
         }
         Op::SigmoidGatedAdd => {
             let (x, rows) = arg(0).f32();

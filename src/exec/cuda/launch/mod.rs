@@ -257,6 +257,67 @@ pub fn linear_rows(
     Ok(y)
 }
 
+/// `h + inj ⊗ (x·Wᵀ)` (`ops::linear::linear_hc_write`): `x [tokens, k]`, `W [n, k]`,
+/// `h [tokens, streams*n]`, `inj [tokens, streams]`; a warp per output row, whose epilogue
+/// writes the `streams` residual values. Up to 8 tokens a pass (a decode-sized fusion).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_hc_write(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    inj: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    streams: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = w.kernel(if tokens == 1 {
+        "linear_hc_write1"
+    } else {
+        "linear_hc_write_reference"
+    });
+    let kernel = kernel_name.as_str();
+    let k = x.len().checked_div(tokens).unwrap_or(0);
+    let n = w.len().checked_div(k).unwrap_or(0);
+    shape(
+        kernel,
+        tokens > 0
+            && streams > 0
+            && k > 0
+            && n > 0
+            && x.len() == tokens * k
+            && w.len() == n * k
+            && h.len() == tokens * streams * n
+            && inj.len() == tokens * streams
+            && streams <= i32::MAX as usize,
+        || {
+            format!(
+                "h {} values, inj {}, x {} for {tokens} tokens of {streams} streams, weight {} values",
+                h.len(),
+                inj.len(),
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(h.len(), kernel)?;
+    let (t32, k64, n64, s32) = (tokens as i32, k as i64, n as i64, streams as i32);
+    const WARPS: usize = 8;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(WARPS).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut *y).arg(h).arg(inj).arg(x);
+    arg_matrix(&mut b, w);
+    b.arg(&t32).arg(&k64).arg(&n64).arg(&s32);
+    // SAFETY: every size was checked above; the kernel writes each of the tokens*streams*n
+    // outputs once and uses 16-byte loads only when k and the addresses allow.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
 /// `y = x · Wᵀ` for many tokens: shared-memory tiles of 64 tokens x 64 outputs.
 pub fn linear_tiled(
     gpu: &Gpu,
