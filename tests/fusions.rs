@@ -102,3 +102,58 @@ fn each_fusion_matches_the_unfused_graph() {
         }
     }
 }
+
+/// A fusion's `when` predicates decide where it fires: on the CPU always; on CUDA the
+/// matrix-vector fusions only for decode-sized steps (from 64 tokens their linears run on the
+/// tensor cores unfused), `sigmoid_gated_add` everywhere.
+#[test]
+fn fusion_predicates_follow_the_device_and_the_step() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let fired = |device: graphrun::ir::Device, phase: Phase, tokens: usize| {
+        let mut opts = LowerOptions::new(phase, tokens, LogitsMode::Last);
+        opts.device = device;
+        lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+            .unwrap()
+            .fusion_counts
+    };
+    use graphrun::ir::Device::{Cpu, Cuda};
+    for device in [Cpu, Cuda] {
+        let counts = fired(device, Phase::Decode, 1);
+        for name in [
+            "swiglu",
+            "hc_mix",
+            "hc_inject",
+            "sigmoid_gated_add",
+            "linear_hc_write",
+        ] {
+            assert!(
+                counts[name] > 0,
+                "{device:?} decode: `{name}` did not fire: {counts:?}"
+            );
+        }
+    }
+    let cpu_long = fired(Cpu, Phase::Prefill, 64);
+    for name in ["swiglu", "hc_mix", "linear_hc_write"] {
+        assert!(cpu_long[name] > 0, "CPU prefill 64: `{name}` did not fire");
+    }
+    let cuda_8 = fired(Cuda, Phase::Prefill, 8);
+    assert!(
+        cuda_8["linear_hc_write"] > 0 && cuda_8["hc_mix"] > 0,
+        "{cuda_8:?}"
+    );
+    let cuda_9 = fired(Cuda, Phase::Prefill, 9);
+    assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
+    assert!(cuda_9["hc_mix"] > 0, "{cuda_9:?}");
+    let cuda_64 = fired(Cuda, Phase::Prefill, 64);
+    for name in ["swiglu", "hc_mix", "linear_hc_write"] {
+        assert_eq!(
+            cuda_64[name], 0,
+            "CUDA prefill 64: `{name}` fired: {cuda_64:?}"
+        );
+    }
+    assert!(
+        cuda_64["sigmoid_gated_add"] > 0 && cuda_64["hc_inject"] > 0,
+        "{cuda_64:?}"
+    );
+}
