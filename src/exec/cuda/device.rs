@@ -32,6 +32,10 @@ pub struct Gpu {
     slots: Mutex<VecDeque<(sys::CUdeviceptr, usize)>>,
     /// Where [`Gpu::scratch`] takes kernel temporaries from while a step runs.
     scratch: Mutex<Scratch>,
+    /// Held for a whole step ([`Gpu::lock_step`]): the arena slots and the scratch buffer above
+    /// belong to the step being launched, so two sessions on one device take turns (their
+    /// kernels share one stream anyway).
+    step: Mutex<()>,
 }
 
 /// Kernel temporaries of the node being launched: bump-allocated from a step's scratch buffer
@@ -153,6 +157,7 @@ impl Gpu {
             compiled: Mutex::new(Vec::new()),
             slots: Mutex::new(VecDeque::new()),
             scratch: Mutex::new(Scratch::default()),
+            step: Mutex::new(()),
         })
     }
 
@@ -281,6 +286,15 @@ impl Gpu {
                     e,
                 )
             })
+    }
+
+    /// Serialises steps on this device (see the `step` field); held until the guard drops.
+    pub fn lock_step(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic in another step leaves nothing half-set that the next step relies on: it
+        // sets its own slots and scratch.
+        self.step
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Sets (or clears) the step's scratch buffer and starts a new measure of the most scratch

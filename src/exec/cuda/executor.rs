@@ -371,6 +371,7 @@ pub fn run(
     tokens: &[i64],
     graphs: bool,
 ) -> Result<(Vec<f32>, usize), CudaError> {
+    let _step = gpu.lock_step();
     let rows_in = tokens.len();
     let start = state.position;
     if start + rows_in > state.capacity {
