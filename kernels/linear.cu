@@ -486,14 +486,9 @@ __device__ __forceinline__ void linear_mma(float* y, const float* x, const bf16_
     }
 }
 
-// 128 tokens x 128 outputs, 8 warps (4 x 2), each 32 tokens x 64 outputs; 48 KB of shared memory.
-extern "C" __global__ void __launch_bounds__(256, 2) linear_mma_bf16(float* y, const float* x, const bf16_t* w,
-                                                                  long tokens, long k, long n) {
-    linear_mma<4, 2, 2, 8>(y, x, w, tokens, k, n);
-}
-
-// 64 tokens x 64 outputs, 4 warps (2 x 2), each 32 x 32; 24 KB: for problems that give too few
-// 128 x 128 tiles to fill the GPU (few tokens, or few outputs).
+// 64 tokens x 64 outputs, 4 warps (2 x 2), each 32 x 32; 24 KB of shared memory. (A 128 x 128
+// tile of 8 warps had 64 accumulators a thread; with each stage's products summed into a second
+// set, see above, it no longer fits two blocks' register budget, so it was dropped.)
 extern "C" __global__ void __launch_bounds__(128) linear_mma64_bf16(float* y, const float* x, const bf16_t* w,
                                                                     long tokens, long k, long n) {
     linear_mma<2, 2, 2, 4>(y, x, w, tokens, k, n);

@@ -106,77 +106,85 @@ pub struct ProfileRow {
     pub fraction_of_copy_bandwidth: f64,
 }
 
-/// Aggregates a per-node profile (node name, steps, seconds) by op kind and variant; also
-/// returns the dense and expert fractions, the total ms, and the slowest nodes.
-fn profile_rows(
-    program: &Program,
-    nodes: &[(String, usize, f64)],
-    context: usize,
-    bandwidth: f64,
-) -> (Vec<ProfileRow>, f64, f64, f64, Vec<ProfileRow>) {
-    let mut rows: Vec<ProfileRow> = Vec::new();
-    let mut slowest: Vec<ProfileRow> = Vec::new();
-    let (mut dense, mut experts) = ((0u64, 0f64), (0u64, 0f64));
-    for (name, steps, secs) in nodes {
-        let Some(node) = program.nodes.iter().find(|n| &n.name == name) else {
-            continue;
-        };
-        let op = if node.variant == "reference" {
-            node.op.kind().to_string()
-        } else {
-            format!("{}/{}", node.op.kind(), node.variant)
-        };
-        let bytes = total(&node_bytes(program, node, context));
-        let ms = secs * 1e3 / (*steps).max(1) as f64;
-        let part = if matches!(node.op, Op::MoeExperts { .. }) {
-            &mut experts
-        } else {
-            &mut dense
-        };
-        part.0 += bytes;
-        part.1 += ms;
-        slowest.push(ProfileRow {
-            op: format!("{name} ({op})"),
-            nodes_per_step: 1,
-            ms_per_step: ms,
-            bytes_per_step: bytes,
-            fraction_of_copy_bandwidth: 0.0,
-        });
-        match rows.iter_mut().find(|r| r.op == op) {
-            Some(r) => {
-                r.nodes_per_step += 1;
-                r.ms_per_step += ms;
-                r.bytes_per_step += bytes;
-            }
-            None => rows.push(ProfileRow {
-                op,
+/// A per-node profile (node name, steps, seconds) summed by op kind and variant, with the slowest
+/// nodes, and the (bytes, ms) of the routed experts and of everything else.
+#[derive(Default)]
+struct Profile {
+    by_op: Vec<ProfileRow>,
+    slowest: Vec<ProfileRow>,
+    dense: (u64, f64),
+    experts: (u64, f64),
+}
+
+/// `bytes` over `ms`, over the copy bandwidth (GB/s); 0 when nothing was timed.
+fn fraction(bytes: u64, ms: f64, bandwidth: f64) -> f64 {
+    if ms > 0.0 {
+        bytes as f64 / (ms / 1e3) / (bandwidth * 1e9)
+    } else {
+        0.0
+    }
+}
+
+impl Profile {
+    /// Bytes are counted as a decode step at `context` reads them ([`node_bytes`]); `None`
+    /// counts none (a prefill chunk, where the time is not the bytes').
+    fn collect(
+        program: &Program,
+        nodes: &[(String, usize, f64)],
+        context: Option<usize>,
+        bandwidth: f64,
+    ) -> Profile {
+        let mut p = Profile::default();
+        for (name, steps, secs) in nodes {
+            let Some(node) = program.nodes.iter().find(|n| &n.name == name) else {
+                continue;
+            };
+            let op = if node.variant == "reference" {
+                node.op.kind().to_string()
+            } else {
+                format!("{}/{}", node.op.kind(), node.variant)
+            };
+            let bytes = context.map_or(0, |c| total(&node_bytes(program, node, c)));
+            let ms = secs * 1e3 / (*steps).max(1) as f64;
+            let part = if matches!(node.op, Op::MoeExperts { .. }) {
+                &mut p.experts
+            } else {
+                &mut p.dense
+            };
+            part.0 += bytes;
+            part.1 += ms;
+            p.slowest.push(ProfileRow {
+                op: format!("{name} ({op})"),
                 nodes_per_step: 1,
                 ms_per_step: ms,
                 bytes_per_step: bytes,
                 fraction_of_copy_bandwidth: 0.0,
-            }),
+            });
+            match p.by_op.iter_mut().find(|r| r.op == op) {
+                Some(r) => {
+                    r.nodes_per_step += 1;
+                    r.ms_per_step += ms;
+                    r.bytes_per_step += bytes;
+                }
+                None => p.by_op.push(ProfileRow {
+                    op,
+                    nodes_per_step: 1,
+                    ms_per_step: ms,
+                    bytes_per_step: bytes,
+                    fraction_of_copy_bandwidth: 0.0,
+                }),
+            }
         }
-    }
-    let fraction = |bytes: u64, ms: f64| {
-        if ms > 0.0 {
-            bytes as f64 / (ms / 1e3) / (bandwidth * 1e9)
-        } else {
-            0.0
+        for r in p.by_op.iter_mut().chain(p.slowest.iter_mut()) {
+            r.fraction_of_copy_bandwidth = fraction(r.bytes_per_step, r.ms_per_step, bandwidth);
         }
-    };
-    for r in rows.iter_mut().chain(slowest.iter_mut()) {
-        r.fraction_of_copy_bandwidth = fraction(r.bytes_per_step, r.ms_per_step);
+        p.by_op
+            .sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+        p.slowest
+            .sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+        p.slowest.truncate(SLOWEST_NODES);
+        p
     }
-    rows.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
-    slowest.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
-    slowest.truncate(SLOWEST_NODES);
-    (
-        rows,
-        fraction(dense.0, dense.1),
-        fraction(experts.0, experts.1),
-        dense.1 + experts.1,
-        slowest,
-    )
 }
 
 /// The real config cut to its first `layers` layers, with a smaller PLE table.
@@ -421,16 +429,12 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         s.prefill(&ids, LogitsMode::Last)?;
         let nodes = s.cuda_profile(false);
         let program = model.program(Phase::Prefill, len, LogitsMode::Last)?;
-        prefill_profile = profile_rows(&program, &nodes, 0, bandwidth).0;
-        for r in &mut prefill_profile {
-            r.bytes_per_step = 0;
-            r.fraction_of_copy_bandwidth = 0.0;
-        }
+        prefill_profile = Profile::collect(&program, &nodes, None, bandwidth).by_op;
     }
     let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
-    let mut profile = (Vec::new(), 0.0, 0.0, 0.0, Vec::new());
+    let mut profile = Profile::default();
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
@@ -463,7 +467,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
                 s.decode(token(i + 50, vocab))?;
             }
             let nodes = s.cuda_profile(false);
-            profile = profile_rows(&decode_program, &nodes, ctx, bandwidth);
+            profile = Profile::collect(&decode_program, &nodes, Some(ctx), bandwidth);
         }
         bytes_last = decode_bytes(&decode_program, ctx);
         let bytes = total(&bytes_last);
@@ -477,23 +481,15 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         });
     }
     let dense_fraction_in_graph = {
-        let expert_ms: f64 = profile
-            .0
-            .iter()
-            .filter(|r| r.op.starts_with("moe_experts"))
-            .map(|r| r.ms_per_step)
-            .sum();
         let segments_ms: f64 = decode
             .iter()
             .max_by_key(|r| r.context)
             .map_or(0.0, |r| r.ms_per_segment.iter().sum());
-        let dense_bytes = total(&bytes_last) - bytes_last.expert_weights;
-        let ms = segments_ms - expert_ms;
-        if ms > 0.0 {
-            dense_bytes as f64 / (ms / 1e3) / (bandwidth * 1e9)
-        } else {
-            0.0
-        }
+        fraction(
+            profile.dense.0,
+            (segments_ms - profile.experts.1).max(0.0),
+            bandwidth,
+        )
     };
     Ok(BenchReport {
         device,
@@ -505,12 +501,16 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode,
         decode_bytes_at_largest_context: bytes_last,
         prefill,
-        decode_profile: profile.0,
-        dense_fraction_of_copy_bandwidth: profile.1,
-        expert_fraction_of_copy_bandwidth: profile.2,
+        dense_fraction_of_copy_bandwidth: fraction(profile.dense.0, profile.dense.1, bandwidth),
+        expert_fraction_of_copy_bandwidth: fraction(
+            profile.experts.0,
+            profile.experts.1,
+            bandwidth,
+        ),
         dense_fraction_in_graph,
-        profiled_ms_per_step: profile.3,
-        slowest_nodes: profile.4,
+        profiled_ms_per_step: profile.dense.1 + profile.experts.1,
+        decode_profile: profile.by_op,
+        slowest_nodes: profile.slowest,
         prefill_profile,
     })
 }

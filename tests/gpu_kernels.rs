@@ -12,7 +12,7 @@ mod common;
 
 use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use graphrun::exec::cuda::launch::{self, DeviceMatrix, MmaTile};
+use graphrun::exec::cuda::launch::{self, DeviceMatrix};
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -251,27 +251,18 @@ fn kernels_match_the_cpu_reference() {
         );
     }
 
-    // The tensor-core kernels (bf16 weights; x split into bf16 hi + lo, see kernels/linear.cu),
-    // both tiles: tiny odd shapes (partial tiles in T, n and k; k a multiple of 8, not of 32),
+    // The tensor-core kernel (bf16 weights; x split into bf16 hi + lo, see kernels/linear.cu):
+    // tiny odd shapes (partial tiles in T, n and k; k a multiple of 8, not of 32),
     // whole tiles, large activations, and the real prefill shapes: T 64/512/2048 through GDN
     // in_proj_qkv 2560->10240 and o_proj 6144->2560, and the lm_head 2560->248320 at T 64.
     // Expected: about 2e-6 relative (the split leaves |x - hi - lo| <= 2^-18 |x| per product,
     // about 2.1e-6 RMS on uniform inputs; the tensor cores accumulate in f32), under the f32
     // bound. Each output starts as NaN (an arena slot filled with NaN): an unwritten value fails.
     // k % 8 != 0 and f32 weights go to linear_tiled.
-    let mma = |tile: Option<MmaTile>,
-               dx: &CudaSlice<f32>,
-               dw: &DeviceMatrix,
-               t: usize,
-               k: usize,
-               n: usize| {
+    let mma = |dx: &CudaSlice<f32>, dw: &DeviceMatrix, t: usize, k: usize, n: usize| {
         let poison = gpu.upload(&vec![f32::NAN; t * n], "poison").unwrap();
         gpu.set_slots(&[(poison.device_ptr(&gpu.stream).0, t * n * 4)]);
-        let y = match tile {
-            Some(tile) => launch::linear_mma_tiles(&gpu, dx, dw, t, k, n, tile),
-            None => launch::linear_mma(&gpu, dx, dw, t, k, n),
-        }
-        .unwrap();
+        let y = launch::linear_mma(&gpu, dx, dw, t, k, n).unwrap();
         let got = gpu.download(&y, "y").unwrap();
         drop(y);
         got
@@ -297,12 +288,7 @@ fn kernels_match_the_cpu_reference() {
         let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
         let want = linear::tiled(&x, &widen(&bits), t, k, n);
         let s = format!("T{t} {k}->{n}{}", if scale != 1.0 { " x*1000" } else { "" });
-        for (tile, kernel) in [
-            (MmaTile::Large, "linear_mma_bf16"),
-            (MmaTile::Small, "linear_mma64_bf16"),
-        ] {
-            report.check(kernel, &s, &mma(Some(tile), &dx, &dw, t, k, n), &want);
-        }
+        report.check("linear_mma64_bf16", &s, &mma(&dx, &dw, t, k, n), &want);
     }
     for (t, k, n, bf16) in [(9, 37, 53, true), (65, 40, 19, false)] {
         let x = random(&mut rng, t * k);
@@ -318,7 +304,7 @@ fn kernels_match_the_cpu_reference() {
             let dw = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
             (dw, want, "linear_mma (f32 weights: tiled)")
         };
-        let got = mma(None, &dx, &dw, t, k, n);
+        let got = mma(&dx, &dw, t, k, n);
         report.check(what, &format!("T{t} {k}->{n}"), &got, &want);
     }
 

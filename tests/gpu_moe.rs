@@ -19,9 +19,11 @@
 mod common;
 
 use common::gpu::*;
+use cudarc::driver::CudaSlice;
+use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::moe::RouterPaths;
 use graphrun::exec::cuda::launch::{moe as gmoe, DeviceMatrix};
-use graphrun::exec::cuda::Gpu;
+use graphrun::exec::cuda::{CudaError, Gpu};
 use graphrun::ops::{moe, ple};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -299,6 +301,62 @@ fn bank(gpu: &Gpu, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
     }
 }
 
+/// Either expert variant (`moe_experts`, `moe_experts_expert_major`: the same arguments).
+type ExpertsFn = fn(
+    &Gpu,
+    &CudaSlice<f32>,
+    &CudaSlice<i64>,
+    &CudaSlice<f32>,
+    &DeviceMatrix,
+    &DeviceMatrix,
+    usize,
+    usize,
+    usize,
+    usize,
+) -> Result<Buf<f32>, CudaError>;
+
+/// An id out of range poisons its token's row with NaN and reads nothing out of bounds; the
+/// other tokens are as the reference.
+fn bad_id_poisons_only_its_row(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    experts_fn: ExpertsFn,
+    kernel: &str,
+) {
+    let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
+    let x = random_scaled(rng, rows * hidden, 1.0);
+    let gu = random_scaled(rng, experts * 2 * inter * hidden, 0.25);
+    let down = random_scaled(rng, experts * hidden * inter, 0.35);
+    let ids = vec![0i64, 2, 1, experts as i64];
+    let w = vec![0.5f32, 0.5, 0.5, 0.5];
+    let y = experts_fn(
+        gpu,
+        &gpu.upload(&x, "x").unwrap(),
+        &gpu.upload(&ids, "ids").unwrap(),
+        &gpu.upload(&w, "w").unwrap(),
+        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
+        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
+        rows,
+        k,
+        hidden,
+        inter,
+    )
+    .unwrap();
+    let got = gpu.download(&y, "y").unwrap();
+    assert!(
+        got[hidden..].iter().all(|v| v.is_nan()),
+        "{kernel}: {got:?}"
+    );
+    let reference = moe::ExpertBank {
+        gate_up: &gu,
+        down: &down,
+        hidden,
+        intermediate: inter,
+    };
+    let want = moe::token_major(&x[..hidden], &ids[..k], &w[..k], 1, k, &reference);
+    check(kernel, "bad id in another row", &got[..hidden], &want);
+}
+
 #[test]
 fn experts_match_the_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -369,42 +427,7 @@ fn experts_match_the_reference() {
         }
     }
 
-    // An id out of range poisons its token's row with NaN and reads nothing out of bounds;
-    // the other tokens are untouched.
-    let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
-    let x = random_scaled(&mut rng, rows * hidden, 1.0);
-    let gu = random_scaled(&mut rng, experts * 2 * inter * hidden, 0.25);
-    let down = random_scaled(&mut rng, experts * hidden * inter, 0.35);
-    let ids = vec![0i64, 2, 1, experts as i64];
-    let w = vec![0.5f32, 0.5, 0.5, 0.5];
-    let y = gmoe::moe_experts(
-        &gpu,
-        &gpu.upload(&x, "x").unwrap(),
-        &gpu.upload(&ids, "ids").unwrap(),
-        &gpu.upload(&w, "w").unwrap(),
-        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
-        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
-        rows,
-        k,
-        hidden,
-        inter,
-    )
-    .unwrap();
-    let got = gpu.download(&y, "y").unwrap();
-    assert!(got[hidden..].iter().all(|v| v.is_nan()), "{got:?}");
-    let reference = moe::ExpertBank {
-        gate_up: &gu,
-        down: &down,
-        hidden,
-        intermediate: inter,
-    };
-    let want = moe::token_major(&x[..hidden], &ids[..k], &w[..k], 1, k, &reference);
-    check(
-        "moe_experts_*_f32",
-        "bad id in another row",
-        &got[..hidden],
-        &want,
-    );
+    bad_id_poisons_only_its_row(&gpu, &mut rng, gmoe::moe_experts, "moe_experts_*_f32");
     gpu.sync("the expert checks").unwrap();
 }
 
@@ -492,40 +515,11 @@ fn experts_expert_major_match_the_reference() {
         }
     }
 
-    // An id out of range: that token's row is NaN, the others as the reference.
-    let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
-    let x = random_scaled(&mut rng, rows * hidden, 1.0);
-    let gu = random_scaled(&mut rng, experts * 2 * inter * hidden, 0.25);
-    let down = random_scaled(&mut rng, experts * hidden * inter, 0.35);
-    let ids = vec![0i64, 2, 1, experts as i64];
-    let w = vec![0.5f32, 0.5, 0.5, 0.5];
-    let y = gmoe::moe_experts_expert_major(
+    bad_id_poisons_only_its_row(
         &gpu,
-        &gpu.upload(&x, "x").unwrap(),
-        &gpu.upload(&ids, "ids").unwrap(),
-        &gpu.upload(&w, "w").unwrap(),
-        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
-        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
-        rows,
-        k,
-        hidden,
-        inter,
-    )
-    .unwrap();
-    let got = gpu.download(&y, "y").unwrap();
-    assert!(got[hidden..].iter().all(|v| v.is_nan()), "{got:?}");
-    let reference = moe::ExpertBank {
-        gate_up: &gu,
-        down: &down,
-        hidden,
-        intermediate: inter,
-    };
-    let want = moe::token_major(&x[..hidden], &ids[..k], &w[..k], 1, k, &reference);
-    check(
+        &mut rng,
+        gmoe::moe_experts_expert_major,
         "moe_experts_expert_major_*_f32",
-        "bad id in another row",
-        &got[..hidden],
-        &want,
     );
     gpu.sync("the expert-major checks").unwrap();
 }

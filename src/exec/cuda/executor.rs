@@ -424,15 +424,12 @@ pub fn run(
             marks.push(timing_event(gpu)?);
             gpu.sync("a timed step")?;
             let times = state.segment_ms.as_mut().expect("timing");
-            for (i, pair) in marks.windows(2).enumerate() {
-                let ms = pair[0]
-                    .elapsed_ms(&pair[1])
-                    .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
+            for (i, ms) in intervals_ms(&marks)?.into_iter().enumerate() {
                 if times.len() <= i {
                     times.push((0, 0.0));
                 }
                 times[i].0 += 1;
-                times[i].1 += ms as f64;
+                times[i].1 += ms;
             }
         }
         state.replays += 1;
@@ -557,13 +554,10 @@ fn record_nodes<'p>(
     }
     if let Some(profile) = state.profile.as_mut() {
         gpu.sync("a profiled step")?;
-        for (node, pair) in program.nodes.iter().zip(marks.windows(2)) {
-            let ms = pair[0]
-                .elapsed_ms(&pair[1])
-                .map_err(|e| CudaError::driver("reading a timing event", None, e))?;
+        for (node, ms) in program.nodes.iter().zip(intervals_ms(&marks)?) {
             let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
             entry.0 += 1;
-            entry.1 += ms as f64 / 1e3;
+            entry.1 += ms / 1e3;
         }
     }
     Ok(graphs)
@@ -685,6 +679,19 @@ fn record_segment<'p>(
 /// How long a profiled step's launches are held back on the device (far longer than the host
 /// takes to queue a step's few hundred launches).
 const PROFILE_HOLD_NS: i64 = 30_000_000;
+
+/// Milliseconds between consecutive recorded events (after the work they follow completed).
+fn intervals_ms(marks: &[cudarc::driver::CudaEvent]) -> Result<Vec<f64>, CudaError> {
+    marks
+        .windows(2)
+        .map(|pair| {
+            pair[0]
+                .elapsed_ms(&pair[1])
+                .map(f64::from)
+                .map_err(|e| CudaError::driver("reading a timing event", None, e))
+        })
+        .collect()
+}
 
 fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
     gpu.stream

@@ -362,21 +362,9 @@ pub fn linear_tiled(
     Ok(y)
 }
 
-/// The block tile of [`linear_mma_tiles`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MmaTile {
-    /// 128 tokens x 128 outputs, 8 warps (`linear_mma_bf16`).
-    Large,
-    /// 64 tokens x 64 outputs, 4 warps (`linear_mma64_bf16`): 4x the blocks, for shapes that
-    /// give too few large tiles to fill the GPU.
-    Small,
-}
-
 /// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
-/// so that the result keeps f32 accuracy). Small tiles: with each stage's products summed into
-/// a second set of accumulators (see the kernel), the large tile's 64 accumulators per thread no
-/// longer fit its register budget. f32 weights, `k` not a multiple of 8 or unaligned buffers:
-/// [`linear_tiled`].
+/// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs. f32 weights, `k`
+/// not a multiple of 8 or unaligned buffers: [`linear_tiled`].
 pub fn linear_mma(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -384,20 +372,6 @@ pub fn linear_mma(
     tokens: usize,
     k: usize,
     n: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let tile = MmaTile::Small;
-    linear_mma_tiles(gpu, x, w, tokens, k, n, tile)
-}
-
-/// [`linear_mma`] with the tile given (tests and tuning).
-pub fn linear_mma_tiles(
-    gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    w: &DeviceMatrix,
-    tokens: usize,
-    k: usize,
-    n: usize,
-    tile: MmaTile,
 ) -> Result<Buf<f32>, CudaError> {
     use cudarc::driver::DevicePtr as _;
     let DeviceMatrix::Bf16(bits) = w else {
@@ -407,10 +381,7 @@ pub fn linear_mma_tiles(
     if !k.is_multiple_of(8) || !aligned {
         return linear_tiled(gpu, x, w, tokens, k, n);
     }
-    let (kernel, bm, bn, threads) = match tile {
-        MmaTile::Large => ("linear_mma_bf16", 128, 128, 256),
-        MmaTile::Small => ("linear_mma64_bf16", 64, 64, 128),
-    };
+    let (kernel, bm, bn, threads) = ("linear_mma64_bf16", 64, 64, 128);
     shape(
         kernel,
         x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0 && k > 0,
