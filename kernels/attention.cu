@@ -44,6 +44,7 @@ __device__ __forceinline__ float rope_channel(const float* h, int j, int rot, fl
 // x, y [rows, width], width a multiple of head_dim; row t at position step[0] + t.
 extern "C" __global__ void rope_reference_f32(float* y, const float* x, const long long* step, long rows, long width,
                                               int head_dim, int rot, double theta) {
+    wait_for_producers();
     const long long start = step[0];
     const int half = rot >> 1;
     GRID_STRIDE(e, rows * width) {
@@ -64,6 +65,7 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
 
 extern "C" __global__ void append_rows_f32(float* dst, const float* src, const long long* step, long rows, long width,
                                            long capacity) {
+    wait_for_producers();
     const long long start = step[0];
     GRID_STRIDE(e, rows * width) {
         const long long r = start + e / width;
@@ -152,6 +154,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
                                                    const float* k_raw, const float* w, const long long* step, long rows,
                                                    int head_dim, int rot, int block, float eps, double theta, long nb,
                                                    long capacity, long slots) {
+    wait_for_producers();
     extern __shared__ float key[];
     __shared__ float inv_shared;
     const long long start = step[0];
@@ -260,6 +263,7 @@ __device__ __forceinline__ void idx_dots(float* part, const float* kb, const flo
 extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const float* q, const float* pooled,
                                                     const long long* step, long rows, int heads, int head_dim,
                                                     int block, int keep, long nb, int rows_per_block) {
+    wait_for_producers();
     extern __shared__ float smem[];
     const int pitch = head_dim + 1;
     float* tile = smem;
@@ -439,6 +443,7 @@ __device__ __forceinline__ void idx_prefix2(unsigned int a, unsigned int b, unsi
 extern "C" __global__ void __launch_bounds__(IDX_THREADS)
     indexer_select_topk_f32(int* sel, unsigned int* work, const long long* step, long rows, int block, int keep,
                             long nb) {
+    wait_for_producers();
     __shared__ unsigned int s_ord[IDX_LIST], s_id[IDX_LIST];
     __shared__ unsigned int s_hist[IDX_FBINS];
     __shared__ unsigned int s_res[4];
@@ -671,6 +676,7 @@ __device__ __forceinline__ float block_max_f32(float v) {
 extern "C" __global__ void attention_reference_f32(float* out, const float* q, const float* k_cache,
                                                    const float* v_cache, const int* sel, long rows, int heads,
                                                    int kv_heads, int head_dim, int block, int keep, long capacity) {
+    wait_for_producers();
     extern __shared__ float smem[];
     float* qs = smem;              // [head_dim]
     float* acc = smem + head_dim;  // [head_dim]
@@ -1050,6 +1056,7 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
         NAME(float* part_acc, float* part_ml, const float* q, const float* __restrict__ k_cache,                \
              const float* __restrict__ v_cache, const int* sel, long rows, int heads, int kv_heads, int head_dim, \
              int block, int keep, long capacity, int splits) {                                                  \
+        wait_for_producers();                                                                                   \
         attention_split<G, EXACT>(part_acc, part_ml, q, k_cache, v_cache, sel, rows, heads, kv_heads, head_dim, \
                                   block, keep, capacity, splits);                                               \
     }
@@ -1069,6 +1076,7 @@ ATTENTION_SPLIT_KERNEL(attention_split_upto16_f32, 16, false)
 extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     attention_split_combine_f32(float* out, const float* part_acc, const float* part_ml, long rows, int heads,
                                 int head_dim, int splits) {
+    wait_for_producers();
     extern __shared__ float split_weight[];  // [splits]
     __shared__ float4 partial[3][SPLIT_MAX_QUADS];
     const float2* ml_all = reinterpret_cast<const float2*>(part_ml);

@@ -29,3 +29,31 @@ __device__ __forceinline__ float block_sum(float v) {
 // As torch: silu(x) = x * sigmoid(x).
 __device__ __forceinline__ float silu_f32(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Programmatic dependent launch (sm_90 and later; src/exec/cuda/launcher.rs). graphrun lets a
+// kernel start while the kernel before it in the stream still runs, so that it can begin reading
+// its weights. Every kernel calls wait_for_producers() before it touches anything but weights
+// (activations, state, its outputs, scratch): it returns once the kernels before it have finished
+// and their writes are visible. It then lets the next kernel be scheduled, which starts that
+// kernel's weight reads during this one's tail. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void wait_for_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks the memory system to bring `bytes` of weights at `p` into L2 (sm_90 and later: one
+// bulk-copy prefetch; a hint that changes no result). Called before wait_for_producers(), with
+// the weights this block reads first, so that they stream in while the kernel before finishes.
+__device__ __forceinline__ void prefetch_weights(const void* p, long bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const unsigned long long start = (a + 15ull) & ~15ull;  // the instruction wants 16-byte units
+    const long long n = ((long long)bytes - (long long)(start - a)) & ~15ll;
+    if (n <= 0) return;
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(start));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(g), "r"((unsigned int)min(n, 1ll << 30)) : "memory");
+#endif
+}

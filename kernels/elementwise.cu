@@ -4,26 +4,32 @@
 #define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
 extern "C" __global__ void silu_reference_f32(float* y, const float* x, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = silu_f32(x[i]);
 }
 
 extern "C" __global__ void sigmoid_reference_f32(float* y, const float* x, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = sigmoid_f32(x[i]);
 }
 
 extern "C" __global__ void div_by_reference_f32(float* y, const float* x, float by, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = x[i] / by;
 }
 
 extern "C" __global__ void mul_by_reference_f32(float* y, const float* x, float by, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = x[i] * by;
 }
 
 extern "C" __global__ void add_reference_f32(float* y, const float* a, const float* b, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
 
 // b has `b_width` columns per row of `width`: equal widths, or one column broadcast over the row.
 extern "C" __global__ void mul_reference_f32(float* y, const float* a, const float* b, long width, long b_width, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) y[i] = a[i] * (b_width == width ? b[i] : b[i / width]);
 }

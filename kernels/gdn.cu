@@ -10,6 +10,7 @@
 // shifts it.
 extern "C" __global__ void causal_conv_reference_f32(float* y, const float* x, const float* window, const float* w,
                                                      long rows, long width, int kernel, int dilation, int silu) {
+    wait_for_producers();
     const long past = (long)(kernel - 1) * dilation;
     GRID_STRIDE(i, rows * width) {
         const long t = i / width, c = i - t * width;
@@ -27,6 +28,7 @@ extern "C" __global__ void causal_conv_reference_f32(float* y, const float* x, c
 // thread per channel, rows in ascending order, so a window row still to be read (rows + p > p) has
 // not been overwritten yet, and no other thread touches this channel.
 extern "C" __global__ void causal_conv_window_f32(float* window, const float* x, long rows, long width, long past) {
+    wait_for_producers();
     GRID_STRIDE(c, width) {
         for (long p = 0; p < past; p++) {
             const long r = rows + p;
@@ -41,6 +43,7 @@ __device__ __forceinline__ float softplus_f32(float x) { return x > 20.0f ? x : 
 // beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias), over n = rows · heads values.
 extern "C" __global__ void gdn_gates_reference_f32(float* beta, float* g, const float* b, const float* a,
                                                    const float* a_log, const float* dt_bias, long n, int heads) {
+    wait_for_producers();
     GRID_STRIDE(i, n) {
         const long h = i % heads;
         beta[i] = sigmoid_f32(b[i]);
@@ -63,6 +66,7 @@ extern "C" __global__ void gdn_gates_reference_f32(float* beta, float* g, const 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
     gdn_recurrence_reference_f32(float* out, float* state, const float* qkv, const float* beta, const float* g,
                                  int rows, int key_heads, int value_heads, int dk, int dv) {
+    wait_for_producers();
     __shared__ float qs[GDN_MAX_THREADS], ks[GDN_MAX_THREADS];
     __shared__ float sum_q[GDN_MAX_WARPS], sum_k[GDN_MAX_WARPS];
     __shared__ float part_kv[GDN_MAX_WARPS][GDN_COLS], part_o[GDN_MAX_WARPS][GDN_COLS];

@@ -12,6 +12,7 @@
 
 // [rows, h] -> [rows, streams*h]: every stream a copy of the row.
 extern "C" __global__ void repeat_streams_reference_f32(float* y, const float* x, long h, long streams, long n) {
+    wait_for_producers();
     const long width = h * streams;
     GRID_STRIDE(i, n) {
         const long t = i / width, c = (i % width) % h;
@@ -21,6 +22,7 @@ extern "C" __global__ void repeat_streams_reference_f32(float* y, const float* x
 
 // Columns [start, start+len) of x [rows, width]; n = rows*len.
 extern "C" __global__ void slice_reference_f32(float* y, const float* x, long width, long start, long len, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) {
         const long t = i / len, c = i % len;
         y[i] = x[t * width + start + c];
@@ -29,6 +31,7 @@ extern "C" __global__ void slice_reference_f32(float* y, const float* x, long wi
 
 // [rows, streams*h] -> [rows, h]: the sum over streams (in stream order) divided by their count.
 extern "C" __global__ void stream_mean_reference_f32(float* y, const float* x, long h, long streams, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) {
         const long t = i / h, c = i % h;
         const float* row = x + t * h * streams;
@@ -42,6 +45,7 @@ extern "C" __global__ void stream_mean_reference_f32(float* y, const float* x, l
 // The product is rounded before the add (no FMA), as the reference.
 extern "C" __global__ void hc_write_reference_f32(float* out, const float* h, const float* inj, const float* y, long hid,
                                                   long streams, long n) {
+    wait_for_producers();
     const long width = hid * streams;
     GRID_STRIDE(i, n) {
         const long t = i / width, ch = i % width;
@@ -53,6 +57,7 @@ extern "C" __global__ void hc_write_reference_f32(float* out, const float* h, co
 // qg [rows, heads * 2 * hd] (per head: hd query channels, then hd gate channels) ->
 // q, gate [rows, heads * hd]; n = rows*heads*hd.
 extern "C" __global__ void split_q_gate_reference_f32(float* q, float* gate, const float* qg, long hd, long n) {
+    wait_for_producers();
     GRID_STRIDE(i, n) {
         const long head = i / hd, c = i % hd;
         const float* src = qg + head * 2 * hd;
@@ -128,22 +133,34 @@ __device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const flo
 #define HC_KERNELS(W, SUFFIX)                                                                                        \
     extern "C" __global__ void hc_mix_act_warp_##SUFFIX(float* act, const float* hn, const W* down, long rows,       \
                                                         long streams, long width, long rank) {                       \
+        wait_for_producers();                                                                                        \
         hc_mix_act_warp<W>(act, hn, down, rows, streams, width, rank);                                               \
     }                                                                                                                \
     extern "C" __global__ void hc_mix_act_block_##SUFFIX(float* act, const float* hn, const W* down, long rows,      \
                                                          long streams, long width, long rank) {                      \
+        prefetch_first_rows(down, width, rank, 1);                                                                   \
+        wait_for_producers();                                                                                        \
         hc_mix_act_block<W>(act, hn, down, rows, streams, width, rank);                                              \
     }                                                                                                                \
     extern "C" __global__ void hc_mix_gate_##SUFFIX(float* y, const float* hn, const float* act, const W* up,        \
                                                     long rows, long streams, long hid, long rank) {                  \
+        /* the rows of `up` this block reads first: a warp per channel c, one row per stream */                      \
+        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                        \
+        if (threadIdx.x < streams && c0 < hid)                                                                       \
+            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                                   \
+                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                       \
+        wait_for_producers();                                                                                        \
         hc_mix_gate<W>(y, hn, act, up, rows, streams, hid, rank);                                                    \
     }                                                                                                                \
     extern "C" __global__ void hc_inject_warp_##SUFFIX(float* out, const float* hn, const W* w, long rows,           \
                                                        long streams, long width) {                                   \
+        wait_for_producers();                                                                                        \
         hc_inject_warp<W>(out, hn, w, rows, streams, width);                                                         \
     }                                                                                                                \
     extern "C" __global__ void hc_inject_block_##SUFFIX(float* out, const float* hn, const W* w, long rows,          \
                                                         long streams, long width) {                                  \
+        prefetch_first_rows(w, width, streams, 1);                                                                   \
+        wait_for_producers();                                                                                        \
         hc_inject_block<W>(out, hn, w, rows, streams, width);                                                        \
     }
 
@@ -252,21 +269,29 @@ __device__ __forceinline__ void swiglu_linear_block(float* y, const float* x, co
 
 extern "C" __global__ void swiglu_linear_block_f32(float* y, const float* x, const float* wg, const float* wu, long k,
                                                    long n) {
+    prefetch_first_rows(wg, k, n, 1);
+    prefetch_first_rows(wu, k, n, 1);
+    wait_for_producers();
     swiglu_linear_block<float>(y, x, wg, wu, k, n);
 }
 
 extern "C" __global__ void swiglu_linear_block_bf16(float* y, const float* x, const bf16_t* wg, const bf16_t* wu,
                                                     long k, long n) {
+    prefetch_first_rows(wg, k, n, 1);
+    prefetch_first_rows(wu, k, n, 1);
+    wait_for_producers();
     swiglu_linear_block<bf16_t>(y, x, wg, wu, k, n);
 }
 
 extern "C" __global__ void swiglu_linear_reference_f32(float* y, const float* x, const float* wg, const float* wu,
                                                        long tokens, long k, long n) {
+    wait_for_producers();
     swiglu_linear<float>(y, x, wg, wu, tokens, k, n);
 }
 
 extern "C" __global__ void swiglu_linear_reference_bf16(float* y, const float* x, const bf16_t* wg, const bf16_t* wu,
                                                         long tokens, long k, long n) {
+    wait_for_producers();
     swiglu_linear<bf16_t>(y, x, wg, wu, tokens, k, n);
 }
 
@@ -278,6 +303,7 @@ extern "C" __global__ void swiglu_linear_reference_bf16(float* y, const float* x
 extern "C" __global__ void gated_rms_norm_reference_f32(float* y, const float* x, const float* gate, const float* w,
                                                         long groups, long group, long w_len, int use_sigmoid,
                                                         float eps) {
+    wait_for_producers();
     for (long g = blockIdx.x; g < groups; g += gridDim.x) {
         const float* xs = x + g * group;
         float ss = 0.0f;
@@ -298,6 +324,7 @@ extern "C" __global__ void gated_rms_norm_reference_f32(float* y, const float* x
 // ssqrt(g) = sign(g) * sqrt(max(|g|, 1e-6)) and sign(0) = 0. One block per (row, stream).
 extern "C" __global__ void ple_gate_reference_f32(float* out, const float* key, const float* query, const float* value,
                                                   long rows, long streams, long h) {
+    wait_for_producers();
     const long groups = rows * streams;
     for (long gi = blockIdx.x; gi < groups; gi += gridDim.x) {
         const long t = gi / streams;
@@ -319,6 +346,7 @@ extern "C" __global__ void ple_gate_reference_f32(float* out, const float* key, 
 // in one launch). One block per row: the gate logit is a block-wide dot product.
 extern "C" __global__ void sigmoid_gated_add_reference_f32(float* y, const float* x, const float* w, const float* b,
                                                            const float* a, long rows, long h, long d) {
+    wait_for_producers();
     for (long t = blockIdx.x; t < rows; t += gridDim.x) {
         const float gate = sigmoid_f32(block_dot(x + t * h, w, h));
         for (long c = threadIdx.x; c < d; c += blockDim.x) y[t * d + c] = a[t * d + c] + b[t * d + c] * gate;

@@ -87,23 +87,31 @@ __device__ __forceinline__ void linear_rows(float* y, const float* x, const W* w
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_f32(float* y, const float* x, const float* w, int tokens,
                                                                    long k, long n) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_rows<float, MAX_TOKENS>(y, x, w, tokens, k, n);
 }
 
 // bf16 weights (the trunk on the GPU), f32 activations and accumulation.
 extern "C" __global__ void __launch_bounds__(256) linear_rows_bf16(float* y, const float* x, const bf16_t* w,
                                                                     int tokens, long k, long n) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_rows<bf16_t, MAX_TOKENS>(y, x, w, tokens, k, n);
 }
 
 // One token (decode).
 extern "C" __global__ void __launch_bounds__(256) linear_rows1_f32(float* y, const float* x, const float* w, int tokens,
                                                                     long k, long n) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_rows<float, 1>(y, x, w, tokens, k, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, const float* x, const bf16_t* w,
                                                                      int tokens, long k, long n) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_rows<bf16_t, 1>(y, x, w, tokens, k, n);
 }
 
@@ -143,12 +151,16 @@ __device__ __forceinline__ void linear_hc_write(float* out, const float* h, cons
 extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write_reference_f32(float* out, const float* h, const float* inj, const float* x, const float* w,
                                   int tokens, long k, long n, int streams) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_hc_write<float, MAX_TOKENS>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write_reference_bf16(float* out, const float* h, const float* inj, const float* x, const bf16_t* w,
                                    int tokens, long k, long n, int streams) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_hc_write<bf16_t, MAX_TOKENS>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
@@ -156,18 +168,24 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write1_f32(float* out, const float* h, const float* inj, const float* x, const float* w, int tokens,
                          long k, long n, int streams) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_hc_write<float, 1>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write1_bf16(float* out, const float* h, const float* inj, const float* x, const bf16_t* w, int tokens,
                           long k, long n, int streams) {
+    prefetch_first_rows(w, k, n, blockDim.x >> 5);
+    wait_for_producers();
     linear_hc_write<bf16_t, 1>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
 // One token and few output rows (GDN's b and a: 48 rows; the router: 512): a block per row, so
 // that the matrix is spread over every multiprocessor.
 extern "C" __global__ void linear_block1_f32(float* y, const float* x, const float* w, long k, long n) {
+    prefetch_first_rows(w, k, n, 1);
+    wait_for_producers();
     for (long r = blockIdx.x; r < n; r += gridDim.x) {
         const float s = block_dot(x, w + r * k, k);
         if (threadIdx.x == 0) y[r] = s;
@@ -175,6 +193,8 @@ extern "C" __global__ void linear_block1_f32(float* y, const float* x, const flo
 }
 
 extern "C" __global__ void linear_block1_bf16(float* y, const float* x, const bf16_t* w, long k, long n) {
+    prefetch_first_rows(w, k, n, 1);
+    wait_for_producers();
     for (long r = blockIdx.x; r < n; r += gridDim.x) {
         const float s = block_dot(x, w + r * k, k);
         if (threadIdx.x == 0) y[r] = s;
@@ -242,10 +262,12 @@ __device__ __forceinline__ void linear_tiled(float* y, const float* x, const W* 
 }
 
 extern "C" __global__ void linear_tiled_f32(float* y, const float* x, const float* w, long tokens, long k, long n) {
+    wait_for_producers();
     linear_tiled<float>(y, x, w, tokens, k, n);
 }
 
 extern "C" __global__ void linear_tiled_bf16(float* y, const float* x, const bf16_t* w, long tokens, long k, long n) {
+    wait_for_producers();
     linear_tiled<bf16_t>(y, x, w, tokens, k, n);
 }
 
@@ -491,5 +513,6 @@ __device__ __forceinline__ void linear_mma(float* y, const float* x, const bf16_
 // set, see above, it no longer fits two blocks' register budget, so it was dropped.)
 extern "C" __global__ void __launch_bounds__(128) linear_mma64_bf16(float* y, const float* x, const bf16_t* w,
                                                                     long tokens, long k, long n) {
+    wait_for_producers();
     linear_mma<2, 2, 2, 4>(y, x, w, tokens, k, n);
 }

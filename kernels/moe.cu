@@ -115,6 +115,7 @@ __device__ __forceinline__ float router_seq_sum(const float* v, int lo, int hi, 
 extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SEL_WARPS)
     moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts, int top_k,
                              int normalize, int window, int flags) {
+    wait_for_producers();
     extern __shared__ float4 router_dyn[];
     __shared__ int warp_max[ROUTER_EXP_THREADS / 32];
     __shared__ float cand[(ROUTER_MAX_PIECES - 1) * (2 * ROUTER_WINDOW + 1)];
@@ -422,12 +423,14 @@ __device__ __forceinline__ void experts_gate_up(float* act, const float* x, cons
 extern "C" __global__ void moe_experts_gate_up_f32(float* act, const float* x, const long long* ids,
                                                    const float* gate_up, long slots, int top_k, long hidden,
                                                    long inter, long experts) {
+    wait_for_producers();
     experts_gate_up<float>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
 }
 
 extern "C" __global__ void moe_experts_gate_up_bf16(float* act, const float* x, const long long* ids,
                                                     const bf16_t* gate_up, long slots, int top_k, long hidden,
                                                     long inter, long experts) {
+    wait_for_producers();
     experts_gate_up<bf16_t>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
 }
 
@@ -510,12 +513,14 @@ __device__ __forceinline__ void experts_down(float* y, const float* act, const l
 extern "C" __global__ void moe_experts_down_f32(float* y, const float* act, const long long* ids, const float* w,
                                                 const float* down, long tokens, int top_k, long hidden, long inter,
                                                 long experts, int lanes) {
+    wait_for_producers();
     experts_down<float>(y, act, ids, w, down, tokens, top_k, hidden, inter, experts, lanes);
 }
 
 extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, const long long* ids, const float* w,
                                                  const bf16_t* down, long tokens, int top_k, long hidden, long inter,
                                                  long experts, int lanes) {
+    wait_for_producers();
     experts_down<bf16_t>(y, act, ids, w, down, tokens, top_k, hidden, inter, experts, lanes);
 }
 
@@ -540,6 +545,7 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
 // dynamic shared memory: 3 * experts ints.
 extern "C" __global__ void moe_experts_expert_major_group(int* order, int* tiles, const long long* ids, long slots,
                                                           int experts, long max_tiles) {
+    wait_for_producers();
     extern __shared__ int em_shared[];
     int* count = em_shared;
     int* start = em_shared + experts;
@@ -701,24 +707,28 @@ __device__ __forceinline__ void em_down(float* out, const float* act, const int*
 extern "C" __global__ void __launch_bounds__(256)
     moe_experts_expert_major_gate_up_f32(float* act, const float* x, const int* order, const int* tiles,
                                          const float* gate_up, int top_k, long hidden, long inter) {
+    wait_for_producers();
     em_gate_up<float>(act, x, order, tiles, gate_up, top_k, hidden, inter);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_experts_expert_major_gate_up_bf16(float* act, const float* x, const int* order, const int* tiles,
                                           const bf16_t* gate_up, int top_k, long hidden, long inter) {
+    wait_for_producers();
     em_gate_up<bf16_t>(act, x, order, tiles, gate_up, top_k, hidden, inter);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_experts_expert_major_down_f32(float* out, const float* act, const int* order, const int* tiles,
                                       const float* down, long hidden, long inter) {
+    wait_for_producers();
     em_down<float>(out, act, order, tiles, down, hidden, inter);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_experts_expert_major_down_bf16(float* out, const float* act, const int* order, const int* tiles,
                                        const bf16_t* down, long hidden, long inter) {
+    wait_for_producers();
     em_down<bf16_t>(out, act, order, tiles, down, hidden, inter);
 }
 
@@ -728,6 +738,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void moe_experts_expert_major_combine_f32(float* y, const float* out, const long long* ids,
                                                                 const float* w, long tokens, int top_k, long hidden,
                                                                 long experts) {
+    wait_for_producers();
     const long n = tokens * hidden;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
         const long t = i / hidden, r = i - t * hidden;
@@ -764,6 +775,7 @@ extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long
                                                        long rows, long long eos, int ngram, int hpn,
                                                        const long long* multipliers, const long long* sizes,
                                                        const long long* offsets) {
+    wait_for_producers();
     extern __shared__ long long old_history[];
     const int ctx = ngram - 1;
     const int heads = ctx * hpn;

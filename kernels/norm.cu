@@ -17,6 +17,7 @@ __device__ __forceinline__ float norm_weight(const float* w, long g, int group, 
 // latency is the kernel's time).
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_reference_f32(float* y, const float* x, const float* w, long groups, int group,
                                                   int w_len, int unit_offset, float eps) {
+    wait_for_producers();
     const bool vec = group % 4 == 0 && aligned16(x) && aligned16(y) && group / 4 <= NORM_VEC_MAX * (int)blockDim.x;
     for (long g = blockIdx.x; g < groups; g += gridDim.x) {
         const float* xs = x + g * group;

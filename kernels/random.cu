@@ -14,12 +14,14 @@ __device__ __forceinline__ float uniform01(unsigned long long seed, long i) {
 }
 
 extern "C" __global__ void fill_uniform_f32(float* out, long n, unsigned long long seed, float lo, float hi) {
+    wait_for_producers();
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         out[i] = lo + (hi - lo) * uniform01(seed, i);
 }
 
 // bf16 by truncation of the f32 value (benchmark data: rounding does not matter).
 extern "C" __global__ void fill_uniform_bf16(bf16_t* out, long n, unsigned long long seed, float lo, float hi) {
+    wait_for_producers();
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         out[i] = (bf16_t)(__float_as_uint(lo + (hi - lo) * uniform01(seed, i)) >> 16);
 }

@@ -5,6 +5,7 @@
 // first, so the host has queued the whole step before the GPU starts it: the events recorded
 // between nodes then time the kernels back to back, not the host's launch rate.
 extern "C" __global__ void hold_gpu(long long ns) {
+    wait_for_producers();
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     do {

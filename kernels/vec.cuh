@@ -103,3 +103,12 @@ template <typename W>
 __device__ __forceinline__ float block_dot(const float* a, const W* w, long n) {
     return block_sum(strided_dot(a, w, n, threadIdx.x, blockDim.x));
 }
+
+// Before wait_for_producers(): the weight rows a block reads in its first pass, rows
+// blockIdx.x * per_block .. + per_block of W [n, k], brought into L2 by one thread.
+template <typename W>
+__device__ __forceinline__ void prefetch_first_rows(const W* w, long k, long n, long per_block) {
+    const long r0 = (long)blockIdx.x * per_block;
+    if (threadIdx.x != 0 || r0 >= n) return;
+    prefetch_weights(w + r0 * k, min(per_block, n - r0) * k * (long)sizeof(W));
+}

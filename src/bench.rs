@@ -33,6 +33,9 @@ pub struct BenchOptions {
 pub struct DecodeRow {
     pub context: usize,
     pub ms_per_token_graphs: f64,
+    /// Graphs replayed with programmatic dependent launch off (each kernel starts only after
+    /// the one before it has finished), to show what the overlap gains.
+    pub ms_per_token_graphs_serial: f64,
     /// Each segment's graph timed with device events over the replayed steps (ms per step).
     pub ms_per_segment: Vec<f64>,
     pub ms_per_token_eager: f64,
@@ -449,6 +452,9 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             }
             Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
         };
+        s.set_programmatic_launch(false);
+        let ms_graphs_serial = timed(&mut s, true)?;
+        s.set_programmatic_launch(true);
         let ms_graphs = timed(&mut s, true)?;
         s.cuda_segment_times(true);
         for i in 0..opts.decode_steps.min(16) {
@@ -474,6 +480,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode.push(DecodeRow {
             context: ctx,
             ms_per_token_graphs: ms_graphs,
+            ms_per_token_graphs_serial: ms_graphs_serial,
             ms_per_segment,
             ms_per_token_eager: ms_eager,
             bytes_per_token: bytes,
@@ -531,21 +538,22 @@ impl std::fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "decode (batch 1; {} segment(s) per step, one CUDA graph each):",
+            "decode (batch 1; {} segment(s) per step, one CUDA graph each; \"no overlap\": graphs without programmatic dependent launch):",
             self.segments_per_decode_step
         )?;
         writeln!(
             f,
-            "  {:>8} {:>12} {:>12} {:>14} {:>10}  ms per segment (graph, device events)",
-            "context", "ms/tok graph", "ms/tok eager", "MB read/tok", "of copy bw"
+            "  {:>8} {:>12} {:>12} {:>12} {:>14} {:>10}  ms per segment (graph, device events)",
+            "context", "ms/tok graph", "no overlap", "ms/tok eager", "MB read/tok", "of copy bw"
         )?;
         for r in &self.decode {
             let segs: Vec<String> = r.ms_per_segment.iter().map(|m| format!("{m:.3}")).collect();
             writeln!(
                 f,
-                "  {:>8} {:>12.3} {:>12.3} {:>14.1} {:>10.3}  [{}]",
+                "  {:>8} {:>12.3} {:>12.3} {:>12.3} {:>14.1} {:>10.3}  [{}]",
                 r.context,
                 r.ms_per_token_graphs,
+                r.ms_per_token_graphs_serial,
                 r.ms_per_token_eager,
                 r.bytes_per_token as f64 / 1e6,
                 r.fraction_of_copy_bandwidth,

@@ -118,6 +118,49 @@ fn graph_replay_equals_eager() {
     }
 }
 
+/// Programmatic dependent launch (kernels starting before the one ahead of them has finished,
+/// `exec::cuda::launcher`) changes no bit: every fixture, prefill chunks and decode steps, graphs
+/// and eager, with the overlap on (the default) and off.
+#[test]
+fn programmatic_launch_changes_no_bits() {
+    if probe().is_err() {
+        return;
+    }
+    for dir in common::fixture_dirs() {
+        let exp = common::expected(&dir);
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        for graphs in [true, false] {
+            let model = Model::load(
+                &dir,
+                ModelOptions {
+                    no_cuda_graphs: !graphs,
+                    ..cuda()
+                },
+            )
+            .unwrap();
+            let run = |overlap: bool| {
+                let mut s = model.session();
+                s.set_programmatic_launch(overlap);
+                let mut out = s.prefill(&exp.prompt, LogitsMode::All).unwrap().data;
+                for &t in exp.greedy.iter().cycle().take(10) {
+                    out.extend(s.decode(t).unwrap());
+                }
+                (out, s.graph_replays())
+            };
+            let (on, replays) = run(true);
+            let (off, _) = run(false);
+            println!(
+                "{name:<22} graphs {graphs:<5} ({replays} replays): overlap on == off bit for bit: {}",
+                on == off
+            );
+            assert!(
+                on == off,
+                "{name}: programmatic launch changed the logits (graphs {graphs})"
+            );
+        }
+    }
+}
+
 /// Synchronising after every node (the debugging mode that names a faulting kernel) computes
 /// the same logits as graph replay.
 #[test]

@@ -77,6 +77,15 @@ impl<'m> Session<'m> {
         self.graphs = Some(on);
     }
 
+    /// Turns programmatic dependent launch (a kernel starting its weight reads while the one
+    /// before it finishes; sm_90 and later) on or off for this session's next CUDA steps. On by
+    /// default; the results are the same bits either way.
+    pub fn set_programmatic_launch(&mut self, on: bool) {
+        if let Some(d) = self.device_state.as_mut() {
+            d.set_programmatic_launch(on);
+        }
+    }
+
     /// Starts (or, with `false`, stops and returns) a per-node profile of eager CUDA steps, timed
     /// with device events: (node name, steps timed, seconds in all), slowest first. Steps
     /// replayed from CUDA graphs are not profiled.

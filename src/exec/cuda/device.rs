@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
@@ -15,6 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile;
 use super::error::CudaError;
+use super::launcher::KernelLaunch;
 use super::probe::{probe, DeviceInfo};
 
 pub struct Gpu {
@@ -36,6 +38,9 @@ pub struct Gpu {
     /// belong to the step being launched, so two sessions on one device take turns (their
     /// kernels share one stream anyway).
     step: Mutex<()>,
+    /// Whether launches carry the programmatic-dependent-launch attribute (see
+    /// `exec::cuda::launcher`); set per step by the executor, only ever true on sm_90 and later.
+    programmatic: AtomicBool,
 }
 
 /// Kernel temporaries of the node being launched: bump-allocated from a step's scratch buffer
@@ -147,6 +152,8 @@ impl Gpu {
         let stream = ctx
             .new_stream()
             .map_err(|e| CudaError::driver("creating a stream", None, e))?;
+        // On where supported (sessions set it per step).
+        let programmatic = info.compute_capability.0 >= 9;
         Ok(Gpu {
             ctx,
             stream,
@@ -158,6 +165,7 @@ impl Gpu {
             slots: Mutex::new(VecDeque::new()),
             scratch: Mutex::new(Scratch::default()),
             step: Mutex::new(()),
+            programmatic: AtomicBool::new(programmatic),
         })
     }
 
@@ -286,6 +294,23 @@ impl Gpu {
                     e,
                 )
             })
+    }
+
+    /// A launch of kernel `f` on the device's stream (arguments with `.arg`, then `.launch`).
+    pub fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> KernelLaunch<'a> {
+        KernelLaunch::new(self, f)
+    }
+
+    /// Whether kernels may start before the kernel ahead of them in the stream has finished
+    /// (programmatic dependent launch; `exec::cuda::launcher`). Needs sm_90: asked on an older
+    /// device, it stays off.
+    pub fn set_programmatic_launch(&self, on: bool) {
+        let supported = self.info.compute_capability.0 >= 9;
+        self.programmatic.store(on && supported, Ordering::Relaxed);
+    }
+
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic.load(Ordering::Relaxed)
     }
 
     /// Serialises steps on this device (see the `step` field); held until the guard drops.

@@ -292,6 +292,10 @@ pub struct DeviceState {
     /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
     /// node and kernel that caused it (slow; for debugging).
     pub sync_each_node: bool,
+    /// Launch kernels with programmatic dependent launch (`exec::cuda::launcher`) on devices
+    /// that have it; off for profiled and node-by-node synchronised steps, whose per-node events
+    /// and waits separate the kernels anyway. Change it with [`DeviceState::set_programmatic_launch`].
+    programmatic_launch: bool,
 }
 
 impl DeviceState {
@@ -306,7 +310,21 @@ impl DeviceState {
             segment_ms: None,
             profile: None,
             sync_each_node: false,
+            programmatic_launch: true,
         }
+    }
+
+    /// Turns programmatic dependent launch on or off for the next steps; captured graphs hold
+    /// their launches' attributes, so they are captured again.
+    pub fn set_programmatic_launch(&mut self, on: bool) {
+        if on != self.programmatic_launch {
+            self.programmatic_launch = on;
+            self.graphs.clear();
+        }
+    }
+
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic_launch
     }
 
     fn ensure(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
@@ -407,6 +425,9 @@ pub fn run(
             .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
     }
     let graphs = graphs && !state.sync_each_node && state.profile.is_none();
+    gpu.set_programmatic_launch(
+        state.programmatic_launch && !state.sync_each_node && state.profile.is_none(),
+    );
     if graphs && state.graphs.contains_key(&key) {
         // One graph per segment; host work between segments would go between these launches
         // (no op needs any today: `passes::segment`).

@@ -76,4 +76,74 @@ mod tests {
         }
         assert!(matches!(expand("nope.cu"), Err(CudaError::NoSource(_))));
     }
+
+    /// The body of every `__global__` function in `text`: (kernel name, text between its
+    /// braces), braces matched (macro line continuations are plain text here).
+    fn kernel_bodies(text: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("__global__") {
+            let after = &rest[at..];
+            let open = after.find('{').expect("a kernel has a body");
+            // The name: the identifier before the parameter list, past `__launch_bounds__(..)`.
+            let mut sig = &after[..open];
+            if let Some(lb) = sig.find("__launch_bounds__") {
+                sig = &sig[lb + sig[lb..].find(')').expect("closed bounds") + 1..];
+            }
+            let head = &sig[..sig.find('(').expect("a kernel has parameters")];
+            let name = head.split_whitespace().last().unwrap_or("").to_string();
+            let mut depth = 0usize;
+            let mut end = open;
+            for (i, c) in after[open..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = open + i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            out.push((name, after[open + 1..end].to_string()));
+            rest = &after[end..];
+        }
+        out
+    }
+
+    /// Programmatic dependent launch (`exec::cuda::launcher`) lets a kernel start before the one
+    /// ahead of it has finished: a kernel that touched an activation, a state or its output
+    /// before `wait_for_producers()` would race with it. So every kernel waits, and before the
+    /// wait it only computes indices and prefetches weights.
+    #[test]
+    fn every_kernel_waits_for_its_producers_before_touching_memory() {
+        let mut kernels = 0;
+        for file in files() {
+            for (name, body) in kernel_bodies(source(file).unwrap()) {
+                kernels += 1;
+                let before = body.split("wait_for_producers();").next().unwrap();
+                assert!(
+                    body.contains("wait_for_producers();"),
+                    "{file}: kernel {name} never calls wait_for_producers()"
+                );
+                for stmt in before.split(';') {
+                    let code: String = stmt
+                        .lines()
+                        .map(|l| l.trim().trim_end_matches('\\').trim())
+                        .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with("/*"))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    assert!(
+                        code.is_empty()
+                            || code.contains("prefetch")
+                            || code.starts_with("const long "),
+                        "{file}: kernel {name} runs `{code}` before wait_for_producers()"
+                    );
+                }
+            }
+        }
+        assert!(kernels > 60, "found only {kernels} kernels");
+    }
 }

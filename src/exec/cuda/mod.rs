@@ -7,7 +7,8 @@
 //! - [`kernels`]: the embedded `kernels/*.cu` sources, `#include "x.cuh"` expanded;
 //! - [`compile`]: NVRTC for the device's architecture, PTX cached on disk by content hash;
 //! - [`device`]: a device context with its stream, modules and kernels loaded on first use;
-//! - [`launch`]: one launch function per kernel, the shapes checked before launching.
+//! - [`launch`]: one launch function per kernel, the shapes checked before launching;
+//! - [`launcher`]: the launch itself, with Hopper's programmatic dependent launch.
 //!
 //! Next (see `docs/cuda-plan.md`): every op's kernels, the executor over programs with an arena
 //! from `memplan`, device-side routing and selection, per-segment CUDA graphs.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod executor;
 pub mod kernels;
 pub mod launch;
+pub mod launcher;
 pub mod probe;
 
 pub use device::Gpu;

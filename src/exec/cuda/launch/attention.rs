@@ -7,7 +7,7 @@
 //! capacity, but a step that overflows is not attended correctly).
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape};
 use crate::exec::cuda::device::{Buf, Gpu};
@@ -47,7 +47,7 @@ fn append_rows(
     let kernel = "append_rows_f32";
     let f = gpu.function(FILE, kernel)?;
     let (r64, w64, c64) = (rows as i64, width as i64, capacity as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(dst).arg(src).arg(step).arg(&r64).arg(&w64).arg(&c64);
     // SAFETY: src holds rows*width floats and dst capacity*width (checked by the callers); the
     // kernel skips rows at or past the capacity.
@@ -87,7 +87,7 @@ pub fn rope(
         head_dim as i32,
         rotary_dim as i32,
     );
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(step)
@@ -234,7 +234,7 @@ pub fn indexer_select(
         shared_mem_bytes: (3 * hd * 4) as u32,
     };
     let slots64 = slots as i64;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *raw_keys)
         .arg(&mut *pooled)
         .arg(&mut *work)
@@ -272,7 +272,7 @@ pub fn indexer_select(
         shared_mem_bytes: score_shared as u32,
     };
     let (heads32, group32) = (heads as i32, SCORE_ROWS as i32);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *work)
         .arg(q)
         .arg(&*pooled)
@@ -303,7 +303,7 @@ pub fn indexer_select(
         block_dim: (IDX_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *sel)
         .arg(&mut *work)
         .arg(step)
@@ -426,7 +426,7 @@ pub fn attention(
         keep as i32,
         capacity as i64,
     );
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(q)
         .arg(&*k_cache)
@@ -559,7 +559,7 @@ pub fn attention_split(
         block_dim: (SPLIT_THREADS, 1, 1),
         shared_mem_bytes: (group * SPLIT_MAX_HEAD_DIM * 4) as u32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *part_acc)
         .arg(&mut *part_ml)
         .arg(q)
@@ -590,7 +590,7 @@ pub fn attention_split(
         block_dim: (SPLIT_THREADS, 1, 1),
         shared_mem_bytes: (splits * 4) as u32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(&*part_acc)
         .arg(&*part_ml)

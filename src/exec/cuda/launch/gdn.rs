@@ -1,7 +1,7 @@
 //! Gated DeltaNet on the device (`kernels/gdn.cu`): the causal convolution with its window state
 //! (`ops::conv::causal_conv`), the gates and the recurrence (`ops::gdn`).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape};
 use crate::exec::cuda::device::{Buf, Gpu};
@@ -52,7 +52,7 @@ pub fn causal_conv(
     let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
     let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
     {
-        let mut b = gpu.stream.launch_builder(&f);
+        let mut b = gpu.launch_builder(&f);
         b.arg(&mut *y)
             .arg(x)
             .arg(&*window)
@@ -69,7 +69,7 @@ pub fn causal_conv(
     if past > 0 {
         let name = "causal_conv_window_f32";
         let f = gpu.function("gdn.cu", name)?;
-        let mut b = gpu.stream.launch_builder(&f);
+        let mut b = gpu.launch_builder(&f);
         b.arg(&mut *window).arg(x).arg(&r64).arg(&w64).arg(&p64);
         // SAFETY: as above. Launched after the convolution on the same stream, so every read of
         // the old window is done; within it, one thread per channel shifts rows in ascending
@@ -114,7 +114,7 @@ pub fn gdn_gates(
     let mut beta = gpu.output::<f32>(n, "gdn beta")?;
     let mut g = gpu.output::<f32>(n, "gdn g")?;
     let (n64, h32) = (n as i64, heads as i32);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *beta)
         .arg(&mut *g)
         .arg(b_in)
@@ -182,7 +182,7 @@ pub fn gdn_recurrence(
         block_dim: (dk.next_multiple_of(32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out)
         .arg(&mut *state)
         .arg(qkv)

@@ -4,7 +4,7 @@
 //! references are `ops::{elementwise, hyper, linear::swiglu, norm::gated_rms_norm, ple::gate,
 //! attention::split_q_gate}`; activations are row-major f32 `[rows, width]`.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::arg_matrix;
 use super::{grid_for, launched, shape, DeviceMatrix};
@@ -40,7 +40,7 @@ pub fn repeat_streams(
     let n = x.len() * streams;
     let mut y = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds n = rows*streams*h floats; x is read at t*h + c < rows*h.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -72,7 +72,7 @@ pub fn slice_cols(
     let n = rows * len;
     let mut y = gpu.output::<f32>(n, kernel)?;
     let (w64, s64, l64, n64) = (width as i64, start as i64, len as i64, n as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(&w64)
@@ -107,7 +107,7 @@ pub fn stream_mean(
     let n = rows * h;
     let mut y = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds rows*h floats; x is read below rows*streams*h == x.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -147,7 +147,7 @@ pub fn hc_write(
     let n = h.len();
     let mut out = gpu.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (hid as i64, streams as i64, n as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out)
         .arg(h)
         .arg(inj)
@@ -203,7 +203,7 @@ pub fn split_q_gate(
     let mut q = gpu.output::<f32>(n, kernel)?;
     let mut gate = gpu.output::<f32>(n, kernel)?;
     let (hd64, n64) = (head_dim as i64, n as i64);
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *q).arg(&mut *gate).arg(qg).arg(&hd64).arg(&n64);
     // SAFETY: q and gate hold n floats; qg is read below (n/hd)*2*hd == qg.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -291,7 +291,7 @@ pub fn hc_mix(
         shared_mem_bytes: 0,
     };
     let f = gpu.function(FILE, act_kernel)?;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(hn);
     arg_matrix(&mut b, down);
     b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
@@ -303,7 +303,7 @@ pub fn hc_mix(
     // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
     launched(act_kernel, unsafe { b.launch(act_grid) })?;
     let f = gpu.function(FILE, kernel)?;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(hn).arg(&*act);
     arg_matrix(&mut b, up);
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
@@ -358,7 +358,7 @@ pub fn hc_inject(
             shared_mem_bytes: 0,
         }
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(hn);
     arg_matrix(&mut b, w);
     b.arg(&r64).arg(&s64).arg(&w64);
@@ -421,7 +421,7 @@ pub fn swiglu(
             shared_mem_bytes: 0,
         }
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     match (wg, wu) {
         (DeviceMatrix::F32(g), DeviceMatrix::F32(u)) => b.arg(g).arg(u),
@@ -482,7 +482,7 @@ pub fn gated_rms_norm(
         block_dim: (reduce_threads(head_dim, 1024), 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(gate)
@@ -541,7 +541,7 @@ pub fn ple_gate(
         block_dim: (reduce_threads(h, 256), 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(key)
         .arg(query)
@@ -582,7 +582,7 @@ pub fn sigmoid_gated_add(
     let f = gpu.function(FILE, kernel)?;
     let mut y = gpu.output::<f32>(rows * d, kernel)?;
     let (r64, h64, d64) = (rows as i64, h as i64, d as i64);
-    let mut bld = gpu.stream.launch_builder(&f);
+    let mut bld = gpu.launch_builder(&f);
     bld.arg(&mut *y)
         .arg(x)
         .arg(w)

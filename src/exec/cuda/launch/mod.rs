@@ -1,7 +1,7 @@
 //! One function per kernel: checks the shapes on the host, picks the launch geometry, launches
 //! on the device's stream. Names follow `<op>_<variant>_<dtype>` as in `kernels/*.cu`.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::device::{Buf, Gpu};
 use super::error::CudaError;
@@ -31,15 +31,8 @@ pub(crate) fn grid_for(n: usize, block: u32) -> LaunchConfig {
     }
 }
 
-fn launched(
-    kernel: &str,
-    r: Result<
-        Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
-        cudarc::driver::DriverError,
-    >,
-) -> Result<(), CudaError> {
-    r.map(|_| ())
-        .map_err(|e| CudaError::driver(format!("launching {kernel}"), None, e))
+fn launched(kernel: &str, r: Result<(), cudarc::driver::DriverError>) -> Result<(), CudaError> {
+    r.map_err(|e| CudaError::driver(format!("launching {kernel}"), None, e))
 }
 
 /// Elementwise ops with one input: `silu`, `sigmoid`.
@@ -49,7 +42,7 @@ pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<Buf<f32>, CudaEr
     let n = x.len();
     let mut y = gpu.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&n64);
     // SAFETY: the kernel reads n floats of x and writes n floats of y, both n long.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -63,7 +56,7 @@ pub fn scalar(gpu: &Gpu, op: &str, x: &CudaSlice<f32>, by: f32) -> Result<Buf<f3
     let n = x.len();
     let mut y = gpu.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&by).arg(&n64);
     // SAFETY: as `unary`.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -79,7 +72,7 @@ pub fn add(gpu: &Gpu, a: &CudaSlice<f32>, b_in: &CudaSlice<f32>) -> Result<Buf<f
     let n = a.len();
     let mut y = gpu.output::<f32>(n, kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(a).arg(b_in).arg(&n64);
     // SAFETY: all three buffers hold n floats.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -105,7 +98,7 @@ pub fn mul(
     let b_width = (b_in.len() / rows) as i64;
     let mut y = gpu.output::<f32>(n, kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(a)
         .arg(b_in)
@@ -147,7 +140,7 @@ pub fn rms_norm(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(w)
@@ -189,7 +182,7 @@ impl DeviceMatrix {
 }
 
 /// Pushes a weight matrix as the next kernel argument, whatever its element type.
-pub(crate) fn arg_matrix<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, m: &'a DeviceMatrix) {
+pub(crate) fn arg_matrix(b: &mut crate::exec::cuda::launcher::KernelLaunch<'_>, m: &DeviceMatrix) {
     match m {
         DeviceMatrix::F32(s) => b.arg(s),
         DeviceMatrix::Bf16(s) => b.arg(s),
@@ -244,7 +237,7 @@ pub fn linear_rows(
         block_dim: ((WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     if !block_per_row {
@@ -308,7 +301,7 @@ pub fn linear_hc_write(
         block_dim: ((WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(h).arg(inj).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t32).arg(&k64).arg(&n64).arg(&s32);
@@ -353,7 +346,7 @@ pub fn linear_tiled(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t64).arg(&k64).arg(&n64);
@@ -406,7 +399,7 @@ pub fn linear_mma(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(bits);
     b.arg(&t64).arg(&k64).arg(&n64);
     // SAFETY: shapes checked above; k % 8 == 0 and both inputs 16-byte aligned (the kernel's
@@ -436,7 +429,7 @@ pub fn embed(
         block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(ids);
     arg_matrix(&mut b, table);
     b.arg(&c64).arg(&d64);
@@ -466,7 +459,7 @@ pub fn fill_uniform(
             gpu.function("random.cu", "fill_uniform_bf16")?,
         ),
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     arg_matrix(&mut b, out);
     b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
     // SAFETY: the kernel writes exactly n elements of `out`.
@@ -478,7 +471,7 @@ pub fn fill_uniform(
 pub fn hold_gpu(gpu: &Gpu, ns: i64) -> Result<(), CudaError> {
     let kernel = "hold_gpu";
     let f = gpu.function("timing.cu", kernel)?;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&ns);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),

@@ -3,7 +3,7 @@
 //! device; and PLE's hashed n-gram ids, whose history is a device buffer updated in place.
 //! `src/ops/moe.rs` and `src/ops/ple.rs` are the reference.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::arg_matrix;
 use super::{grid_for, launched, shape, DeviceMatrix};
@@ -121,7 +121,7 @@ pub fn moe_router_paths(
         block_dim: ((exp_threads + 32 * ROUTER_SEL_WARPS) as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *ids)
         .arg(&mut *weights)
         .arg(logits)
@@ -280,7 +280,7 @@ pub fn moe_experts(
         block_dim,
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
     b.arg(&s64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
@@ -305,7 +305,7 @@ pub fn moe_experts(
         block_dim,
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
     arg_matrix(&mut b, down);
     b.arg(&t64)
@@ -403,7 +403,7 @@ pub fn moe_experts_expert_major(
         block_dim: (EM_GROUP_THREADS, 1, 1),
         shared_mem_bytes: group_shared as u32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *order)
         .arg(&mut *tiles)
         .arg(ids)
@@ -423,7 +423,7 @@ pub fn moe_experts_expert_major(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(&*order).arg(&*tiles);
     arg_matrix(&mut b, gate_up);
     b.arg(&k32).arg(&h64).arg(&int64);
@@ -439,7 +439,7 @@ pub fn moe_experts_expert_major(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out).arg(&*act).arg(&*order).arg(&*tiles);
     arg_matrix(&mut b, down);
     b.arg(&h64).arg(&int64);
@@ -448,7 +448,7 @@ pub fn moe_experts_expert_major(
 
     let f = gpu.function("moe.cu", combine_kernel)?;
     let mut y = gpu.output::<f32>(rows * hidden, combine_kernel)?;
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
         .arg(&*out)
         .arg(ids)
@@ -520,7 +520,7 @@ pub fn ple_ngram_ids(
         block_dim: (rows.next_multiple_of(32).min(256) as u32, 1, 1),
         shared_mem_bytes: (ctx * std::mem::size_of::<i64>()) as u32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
+    let mut b = gpu.launch_builder(&f);
     b.arg(&mut *ids)
         .arg(history)
         .arg(tokens)
