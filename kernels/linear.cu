@@ -181,25 +181,107 @@ extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write<bf16_t, 1>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
-// One token and few output rows (GDN's b and a: 48 rows; the router: 512): a block per row, so
-// that the matrix is spread over every multiprocessor.
-extern "C" __global__ void linear_block1_f32(float* y, const float* x, const float* w, long k, long n) {
-    prefetch_first_rows(w, k, n, 1);
-    wait_for_producers();
-    for (long r = blockIdx.x; r < n; r += gridDim.x) {
-        const float s = block_dot(x, w + r * k, k);
-        if (threadIdx.x == 0) y[r] = s;
+// One token, G consecutive output rows per block, every thread of the block along k: thread t
+// takes chunks t, t + blockDim, ... of the G rows (each activation chunk loaded once for all G),
+// U chunks of each row in flight, and the G sums are reduced over the block. A warp per row
+// (linear_rows1) runs few, long warps: 2560 rows fill a third of an H200, 10240 rows leave a
+// partial second wave. Here the blocks are many and short, so the scheduler keeps every
+// multiprocessor's loads in flight to the end. `epilogue(r, sum)` stores row r (lanes of warp 0
+// call it together, each with the whole sum).
+template <typename W, int G, int U, typename Epilogue>
+__device__ __forceinline__ void linear_group1(const float* x, const W* w, long k, long n, Epilogue epilogue) {
+    constexpr int N = WeightVec<W>::N;
+    __shared__ float partial[G][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const long stride = blockDim.x;
+    const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
+    for (long r0 = (long)blockIdx.x * G; r0 < n; r0 += (long)gridDim.x * G) {
+        const int here = (int)min((long)G, n - r0);
+        float acc[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) acc[g] = 0.0f;
+        if (vec) {
+            const long chunks = k / N;
+            long i = threadIdx.x;
+            for (; i + (U - 1) * stride < chunks; i += U * stride) {
+                float wv[U][G][N];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+                        if (g < here) WeightVec<W>::chunk(w + (r0 + g) * k, i + u * stride, wv[u][g]);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    float xv[N];
+                    act_chunk<N>(x, i + u * stride, xv);
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+#pragma unroll
+                        for (int j = 0; j < N; j++) acc[g] += wv[u][g][j] * xv[j];
+                }
+            }
+            for (; i < chunks; i += stride) {
+                float xv[N];
+                act_chunk<N>(x, i, xv);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    if (g < here) {
+                        float wv[N];
+                        WeightVec<W>::chunk(w + (r0 + g) * k, i, wv);
+#pragma unroll
+                        for (int j = 0; j < N; j++) acc[g] += wv[j] * xv[j];
+                    }
+                }
+            }
+        } else {
+            for (long i = threadIdx.x; i < k; i += stride) {
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    if (g < here) acc[g] += x[i] * WeightVec<W>::one(w + (r0 + g) * k, i);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float v = warp_sum(acc[g]);
+            if (lane == 0) partial[g][warp] = v;
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                if (g < here) epilogue(r0 + g, warp_sum(lane < warps ? partial[g][lane] : 0.0f));
+            }
+        }
+        __syncthreads();  // `partial` is rewritten by the next rows
     }
 }
 
-extern "C" __global__ void linear_block1_bf16(float* y, const float* x, const bf16_t* w, long k, long n) {
-    prefetch_first_rows(w, k, n, 1);
-    wait_for_producers();
-    for (long r = blockIdx.x; r < n; r += gridDim.x) {
-        const float s = block_dot(x, w + r * k, k);
-        if (threadIdx.x == 0) y[r] = s;
+// Loads in flight per thread: U chunks of each of the G rows (about four in all).
+#define GROUP_KERNELS(G, U, W, SUFFIX)                                                                       \
+    extern "C" __global__ void linear_group1_g##G##_##SUFFIX(float* y, const float* x, const W* w, long k,     \
+                                                              long n) {                                       \
+        prefetch_first_rows(w, k, n, G);                                                                      \
+        wait_for_producers();                                                                                 \
+        linear_group1<W, G, U>(x, w, k, n, [&](long r, float s) {                                             \
+            if ((threadIdx.x & 31) == 0) y[r] = s;                                                            \
+        });                                                                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void linear_hc_write_group1_g##G##_##SUFFIX(                                        \
+        float* out, const float* h, const float* inj, const float* x, const W* w, long k, long n, int streams) { \
+        prefetch_first_rows(w, k, n, G);                                                                      \
+        wait_for_producers();                                                                                 \
+        linear_group1<W, G, U>(x, w, k, n, [&](long r, float s) {                                             \
+            for (int c = threadIdx.x & 31; c < streams; c += 32)                                              \
+                out[(long)c * n + r] = h[(long)c * n + r] + __fmul_rn(inj[c], s);                             \
+        });                                                                                                   \
     }
-}
+
+GROUP_KERNELS(1, 4, float, f32)
+GROUP_KERNELS(2, 2, float, f32)
+GROUP_KERNELS(4, 1, float, f32)
+GROUP_KERNELS(1, 4, bf16_t, bf16)
+GROUP_KERNELS(2, 2, bf16_t, bf16)
+GROUP_KERNELS(4, 1, bf16_t, bf16)
 
 // Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs
 // (32 of k at a time), so each weight tile is read once per 64 tokens instead of once per 8.

@@ -12,6 +12,7 @@ mod common;
 
 use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
+use graphrun::exec::cuda::launch::linear::OneToken;
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
@@ -127,8 +128,8 @@ fn kernels_match_the_cpu_reference() {
 
     // Linear layers: tiny odd shapes (no 16-byte path), and the real decode/prefill shapes:
     // q_proj 2560→12288, o_proj 6144→2560, GDN in_proj_qkv 2560→10240, lm_head 2560→248320.
-    // One token with at most 1024 outputs takes the block-per-row kernel (GDN b/a 2560→48, the
-    // router 2560→512), more the warp-per-row one.
+    // One token: every variant of `OneToken` on each shape, besides the one the shape takes
+    // (tiny ones, GDN b/a 2560→48, the router 2560→512, a row past 1024, the real projections).
     let shapes = [
         (1, 37, 53),
         (1, 2560, 48),
@@ -159,12 +160,40 @@ fn kernels_match_the_cpu_reference() {
         let got = gpu
             .download(&launch::linear_rows(&gpu, &dx, &dw, t, k, n).unwrap(), "y")
             .unwrap();
-        report.check(
-            "linear_rows_bf16",
-            &s,
-            &got,
-            &linear::rows(&x, &widen(&bits), t, k, n),
-        );
+        let want_bf16 = linear::rows(&x, &widen(&bits), t, k, n);
+        report.check("linear_rows_bf16", &s, &got, &want_bf16);
+        // One token: every variant, whichever the shape would take.
+        if t == 1 {
+            for v in OneToken::ALL {
+                let got = gpu
+                    .download(
+                        &launch::linear::linear_one_token(&gpu, &dx, &dw, k, n, v).unwrap(),
+                        "y",
+                    )
+                    .unwrap();
+                report.check(
+                    &format!("linear one token {}_bf16", v.name()),
+                    &s,
+                    &got,
+                    &want_bf16,
+                );
+                if n * k <= 16 << 20 {
+                    let dwf = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
+                    let got = gpu
+                        .download(
+                            &launch::linear::linear_one_token(&gpu, &dx, &dwf, k, n, v).unwrap(),
+                            "y",
+                        )
+                        .unwrap();
+                    report.check(
+                        &format!("linear one token {}_f32", v.name()),
+                        &s,
+                        &got,
+                        &linear::rows(&x, &w, t, k, n),
+                    );
+                }
+            }
+        }
     }
 
     // The output projection fused with the residual write (4 streams): tiny odd k (scalar
@@ -200,6 +229,7 @@ fn kernels_match_the_cpu_reference() {
                 widen(&bits),
             ),
         ] {
+            let want = linear::linear_hc_write(&h, &inj, &x, &wv, t, c);
             let got = gpu
                 .download(
                     &launch::linear_hc_write(&gpu, &dh, &dinj, &dx, &dw, t, c).unwrap(),
@@ -210,8 +240,34 @@ fn kernels_match_the_cpu_reference() {
                 &format!("linear_hc_write_reference_{dtype}"),
                 &s,
                 &got,
-                &linear::linear_hc_write(&h, &inj, &x, &wv, t, c),
+                &want,
             );
+            if t == 1 {
+                for v in OneToken::ALL {
+                    let got = gpu
+                        .download(
+                            &launch::linear::linear_hc_write_with(
+                                &gpu,
+                                &dh,
+                                &dinj,
+                                &dx,
+                                &dw,
+                                t,
+                                c,
+                                Some(v),
+                            )
+                            .unwrap(),
+                            "y",
+                        )
+                        .unwrap();
+                    report.check(
+                        &format!("linear_hc_write one token {}_{dtype}", v.name()),
+                        &s,
+                        &got,
+                        &want,
+                    );
+                }
+            }
         }
     }
 
@@ -361,10 +417,9 @@ fn shape_errors_name_the_kernel() {
     let Some(gpu) = gpu_or_skip() else { return };
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
-    let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 3).expect_err("a shape error");
-    // One token and few rows take the block-per-row kernel, more rows the single-accumulator
-    // instantiation.
-    assert!(err.to_string().contains("linear_block1_f32"), "{err}");
+    let err = launch::linear_rows(&gpu, &x, &w, 1, 2048, 3).expect_err("a shape error");
+    // One token: few rows of a long k take a block per row, a short k a warp per row.
+    assert!(err.to_string().contains("linear_group1_g1_f32"), "{err}");
     let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 2000).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows1_f32"), "{err}");
     let x8 = gpu.upload(&[1.0f32; 20], "x").unwrap();

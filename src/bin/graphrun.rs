@@ -72,6 +72,10 @@ struct BenchArgs {
     /// Also write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also time every one-token linear variant on every one-token matrix shape of the decode
+    /// program (which variant a shape should take).
+    #[arg(long)]
+    sweep_linear: bool,
 }
 
 #[derive(Args)]
@@ -446,6 +450,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 chunk: a.chunk.max(1),
                 ple_vocab_base: a.ple_vocab_base,
                 seed: a.seed,
+                sweep_linear: a.sweep_linear,
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
             println!("{report}");

@@ -12,6 +12,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+pub mod linear_sweep;
+
 use crate::error::{Error, Result};
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
@@ -20,6 +22,8 @@ use crate::plan::ModelPlan;
 use crate::runtime::{Model, ModelOptions};
 
 pub struct BenchOptions {
+    /// Also time every one-token linear variant on every one-token matrix shape.
+    pub sweep_linear: bool,
     pub layers: usize,
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
@@ -63,6 +67,8 @@ pub struct ByteCount {
 
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
+    /// One-token linear variants by shape (`--sweep-linear`; empty otherwise).
+    pub linear_sweep: Vec<linear_sweep::SweepRow>,
     pub device: String,
     pub layers: usize,
     pub layer_kinds: String,
@@ -498,7 +504,14 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             bandwidth,
         )
     };
+    let linear_sweep = match (&model.backend, opts.sweep_linear) {
+        (crate::runtime::Backend::Cuda { gpu, .. }, true) => {
+            linear_sweep::run(gpu, &decode_program, bandwidth)?
+        }
+        _ => Vec::new(),
+    };
     Ok(BenchReport {
+        linear_sweep,
         device,
         layers: opts.layers,
         layer_kinds,
@@ -627,6 +640,29 @@ impl std::fmt::Display for BenchReport {
                     f,
                     "  {:<24} {:>6} {:>10.3} ms",
                     r.op, r.nodes_per_step, r.ms_per_step
+                )?;
+            }
+        }
+        if !self.linear_sweep.is_empty() {
+            writeln!(
+                f,
+                "one-token linear variants, each shape's launches back to back (* the variant it takes):"
+            )?;
+            writeln!(
+                f,
+                "  {:<16} {:>14} {:<14} {:>10} {:>10}",
+                "kernel", "k->n", "variant", "µs", "of copy bw"
+            )?;
+            for r in &self.linear_sweep {
+                writeln!(
+                    f,
+                    "  {:<16} {:>14} {:<14} {:>10.2} {:>10.3}{}",
+                    r.kernel,
+                    format!("{}->{}", r.k, r.n),
+                    r.variant,
+                    r.us_per_launch,
+                    r.fraction_of_copy_bandwidth,
+                    if r.chosen { " *" } else { "" }
                 )?;
             }
         }

@@ -1,0 +1,382 @@
+//! Linear layers: `y = x · Wᵀ` with f32 activations over f32 or bf16 weights, by step size —
+//! one token (decode: a warp per row, or a block per few rows), a few tokens (a warp per row,
+//! up to 8 tokens a pass), many (shared-memory tiles; tensor-core tiles for bf16) — and the
+//! decode projection fused with its residual write (`linear_hc_write`).
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+use super::{launched, shape};
+use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::error::CudaError;
+use crate::exec::cuda::launcher::KernelLaunch;
+
+/// Weights of a linear layer on the device.
+pub enum DeviceMatrix {
+    F32(CudaSlice<f32>),
+    /// bf16 bits.
+    Bf16(CudaSlice<u16>),
+}
+
+impl DeviceMatrix {
+    pub fn len(&self) -> usize {
+        match self {
+            DeviceMatrix::F32(s) => s.len(),
+            DeviceMatrix::Bf16(s) => s.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The name of `base`'s kernel for this element type: `<base>_f32` or `<base>_bf16`.
+    pub fn kernel(&self, base: &str) -> String {
+        match self {
+            DeviceMatrix::F32(_) => format!("{base}_f32"),
+            DeviceMatrix::Bf16(_) => format!("{base}_bf16"),
+        }
+    }
+}
+
+/// Pushes a weight matrix as the next kernel argument, whatever its element type.
+pub(crate) fn arg_matrix(b: &mut KernelLaunch<'_>, m: &DeviceMatrix) {
+    match m {
+        DeviceMatrix::F32(s) => b.arg(s),
+        DeviceMatrix::Bf16(s) => b.arg(s),
+    };
+}
+
+/// How a one-token (decode) linear layer spreads its matrix over the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneToken {
+    /// A warp per output row (`linear_rows1`, `linear_hc_write1`): few, long warps.
+    WarpPerRow,
+    /// A block per `G` consecutive rows, every thread along k (`linear_group1_g{G}`,
+    /// `linear_hc_write_group1_g{G}`): many short blocks, so the last wave is not a partial one.
+    Group(usize),
+}
+
+impl OneToken {
+    /// Every variant, for the benchmark's sweep and the GPU tests.
+    pub const ALL: [OneToken; 4] = [
+        OneToken::WarpPerRow,
+        OneToken::Group(1),
+        OneToken::Group(2),
+        OneToken::Group(4),
+    ];
+
+    pub fn name(self) -> String {
+        match self {
+            OneToken::WarpPerRow => "warp_per_row".into(),
+            OneToken::Group(g) => format!("group{g}"),
+        }
+    }
+
+    /// The variant a shape gets, from the sweep on the H200 (`graphrun bench --sweep-linear`,
+    /// results/2026-11-30-bench-sweep-linear.log; µs per launch, back to back):
+    /// - k < 1024 (the shared expert's 640->2560): a warp per row (2.9 µs; groups 3.9-6.1), a
+    ///   row is too short to share over a block;
+    /// - k ≥ 4096 (the output projections 6144->2560): 4 rows a block (12.8 µs; a warp per row
+    ///   15.5: 2560 warps fill a third of the GPU);
+    /// - up to 512 rows (GDN's b and a, the router): a block per row (1.7, 2.5 µs; a warp per row
+    ///   3.7, 4.3);
+    /// - up to 4096 rows (2560->640, 2560->2560): 2 rows a block (3.0, 6.5 µs; a warp per row
+    ///   4.4, 7.9);
+    /// - up to 8192 rows (GDN's z, 2560->6144): a warp per row (12.1 µs; 2 rows a block 12.3):
+    ///   its 768 blocks of 8 warps are one wave;
+    /// - up to 65536 rows (GDN's qkv 2560->10240, QSA's q+gate 2560->12288): 2 rows a block
+    ///   (18.9, 22.2 µs; a warp per row 20.6, 23.6, whose 1280 and 1536 blocks leave a partial
+    ///   second wave);
+    /// - more (the lm head, 2560->248320): a warp per row (319 µs, 0.93 of the copy bandwidth;
+    ///   4 rows a block 358), where the last partial wave is a small part of ~40.
+    pub fn for_shape(n: usize, k: usize) -> OneToken {
+        match (n, k) {
+            (_, k) if k < 1024 => OneToken::WarpPerRow,
+            (_, k) if k >= 4096 => OneToken::Group(4),
+            (n, _) if n <= 512 => OneToken::Group(1),
+            (n, _) if n <= 4096 => OneToken::Group(2),
+            (n, _) if n <= 8192 => OneToken::WarpPerRow,
+            (n, _) if n <= 65_536 => OneToken::Group(2),
+            _ => OneToken::WarpPerRow,
+        }
+    }
+
+    /// The kernel: `<warp>_<dtype>` for a warp per row, `<group>_g<G>_<dtype>` for a group.
+    fn kernel(self, warp: &str, group: &str, w: &DeviceMatrix) -> String {
+        match self {
+            OneToken::WarpPerRow => w.kernel(warp),
+            OneToken::Group(g) => w.kernel(&format!("{group}_g{g}")),
+        }
+    }
+
+    /// A block of 256 threads: a warp per row, or G rows per block.
+    fn grid(self, n: usize) -> LaunchConfig {
+        let blocks = match self {
+            OneToken::WarpPerRow => n.div_ceil(8),
+            OneToken::Group(g) => n.div_ceil(g),
+        };
+        LaunchConfig {
+            grid_dim: (blocks.clamp(1, 65_535 * 8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn check(self, kernel: &str) -> Result<(), CudaError> {
+        shape(
+            kernel,
+            matches!(self, OneToken::WarpPerRow | OneToken::Group(1 | 2 | 4)),
+            || format!("no one-token variant {self:?}"),
+        )
+    }
+}
+
+/// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row, all
+/// tokens in the same warp (up to 8 a pass); one token takes [`OneToken::for_shape`].
+pub fn linear_rows(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<Buf<f32>, CudaError> {
+    if tokens == 1 {
+        return linear_one_token(gpu, x, w, k, n, OneToken::for_shape(n, k));
+    }
+    let kernel_name = w.kernel("linear_rows");
+    let kernel = kernel_name.as_str();
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(x);
+    arg_matrix(&mut b, w);
+    b.arg(&t32).arg(&k64).arg(&n64);
+    // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
+    // cudarc's allocations are 256-byte aligned.
+    launched(kernel, unsafe { b.launch(OneToken::WarpPerRow.grid(n)) })?;
+    Ok(y)
+}
+
+/// `y = x · Wᵀ` for one token, `x [k]`, `W [n, k]`, with the given variant.
+pub fn linear_one_token(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    k: usize,
+    n: usize,
+    variant: OneToken,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = variant.kernel("linear_rows1", "linear_group1", w);
+    let kernel = kernel_name.as_str();
+    variant.check(kernel)?;
+    shape(kernel, x.len() == k && w.len() == n * k && n > 0, || {
+        format!(
+            "x {} values for one token of {k}, weight {} values for {n}x{k}",
+            x.len(),
+            w.len()
+        )
+    })?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(n, kernel)?;
+    let (t32, k64, n64) = (1i32, k as i64, n as i64);
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(x);
+    arg_matrix(&mut b, w);
+    if variant == OneToken::WarpPerRow {
+        b.arg(&t32);
+    }
+    b.arg(&k64).arg(&n64);
+    // SAFETY: the shapes were checked above; 16-byte loads only where k and the addresses allow.
+    launched(kernel, unsafe { b.launch(variant.grid(n)) })?;
+    Ok(y)
+}
+
+/// `h + inj ⊗ (x·Wᵀ)` (`ops::linear::linear_hc_write`): `x [tokens, k]`, `W [n, k]`,
+/// `h [tokens, streams*n]`, `inj [tokens, streams]`; a warp per output row, whose epilogue
+/// writes the `streams` residual values. Up to 8 tokens a pass (a decode-sized fusion); one
+/// token takes [`OneToken::for_shape`].
+pub fn linear_hc_write(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    inj: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    streams: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let k = x.len().checked_div(tokens).unwrap_or(0);
+    let n = w.len().checked_div(k).unwrap_or(0);
+    let variant = (tokens == 1).then(|| OneToken::for_shape(n, k));
+    linear_hc_write_with(gpu, h, inj, x, w, tokens, streams, variant)
+}
+
+/// As [`linear_hc_write`], one token with the given variant (`None`: the multi-token kernel).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_hc_write_with(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    inj: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    streams: usize,
+    one_token: Option<OneToken>,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = match one_token {
+        Some(v) => v.kernel("linear_hc_write1", "linear_hc_write_group1", w),
+        None => w.kernel("linear_hc_write_reference"),
+    };
+    let kernel = kernel_name.as_str();
+    if let Some(v) = one_token {
+        v.check(kernel)?;
+    }
+    let k = x.len().checked_div(tokens).unwrap_or(0);
+    let n = w.len().checked_div(k).unwrap_or(0);
+    shape(
+        kernel,
+        tokens > 0
+            && (one_token.is_none() || tokens == 1)
+            && streams > 0
+            && k > 0
+            && n > 0
+            && x.len() == tokens * k
+            && w.len() == n * k
+            && h.len() == tokens * streams * n
+            && inj.len() == tokens * streams
+            && streams <= i32::MAX as usize,
+        || {
+            format!(
+                "h {} values, inj {}, x {} for {tokens} tokens of {streams} streams, weight {} values",
+                h.len(),
+                inj.len(),
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(h.len(), kernel)?;
+    let (t32, k64, n64, s32) = (tokens as i32, k as i64, n as i64, streams as i32);
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(h).arg(inj).arg(x);
+    arg_matrix(&mut b, w);
+    if !matches!(one_token, Some(OneToken::Group(_))) {
+        b.arg(&t32);
+    }
+    b.arg(&k64).arg(&n64).arg(&s32);
+    // SAFETY: every size was checked above; the kernel writes each of the tokens*streams*n
+    // outputs once and uses 16-byte loads only when k and the addresses allow.
+    launched(kernel, unsafe {
+        b.launch(one_token.unwrap_or(OneToken::WarpPerRow).grid(n))
+    })?;
+    Ok(y)
+}
+
+/// `y = x · Wᵀ` for many tokens: shared-memory tiles of 64 tokens x 64 outputs.
+pub fn linear_tiled(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = w.kernel("linear_tiled");
+    let kernel = kernel_name.as_str();
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        n.div_ceil(64) < 1 << 31 && tokens.div_ceil(64) < 65_536,
+        || format!("{tokens}x{n} is too large a grid"),
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(x);
+    arg_matrix(&mut b, w);
+    b.arg(&t64).arg(&k64).arg(&n64);
+    // SAFETY: shapes checked above; every load and store is bounds-checked in the kernel.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
+/// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
+/// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs. f32 weights, `k`
+/// not a multiple of 8 or unaligned buffers: [`linear_tiled`].
+pub fn linear_mma(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> Result<Buf<f32>, CudaError> {
+    use cudarc::driver::DevicePtr as _;
+    let DeviceMatrix::Bf16(bits) = w else {
+        return linear_tiled(gpu, x, w, tokens, k, n);
+    };
+    let aligned = x.device_ptr(&gpu.stream).0 % 16 == 0 && bits.device_ptr(&gpu.stream).0 % 16 == 0;
+    if !k.is_multiple_of(8) || !aligned {
+        return linear_tiled(gpu, x, w, tokens, k, n);
+    }
+    let (kernel, bm, bn, threads) = ("linear_mma64_bf16", 64, 64, 128);
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0 && k > 0,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
+        || format!("{tokens}x{n} is too large a grid"),
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(x).arg(bits);
+    b.arg(&t64).arg(&k64).arg(&n64);
+    // SAFETY: shapes checked above; k % 8 == 0 and both inputs 16-byte aligned (the kernel's
+    // 16-byte loads); every load and store past T, n or k is masked in the kernel.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
