@@ -181,6 +181,47 @@ extern "C" __global__ void __launch_bounds__(256)
     linear_hc_write<bf16_t, 1>(out, h, inj, x, w, tokens, k, n, streams);
 }
 
+// moe_shared_write: out [T, C*H] = h + inj ⊗ (a + sigmoid(x·wg) * (s·Wdᵀ)) — the MoE block's
+// end (`ops::linear::moe_shared_write`): the shared expert's down projection Wd [H, I] (a warp
+// per output row r, as linear_rows1: I is short), its gate (x [T, H]·wg [H], one per token, taken
+// by each block) and the sum with the routed output a [T, H], written to the C streams as
+// hc_write (the product rounded before the add). Token t is blockIdx.y.
+template <typename W>
+__device__ __forceinline__ void moe_shared_write(float* out, const float* h, const float* inj, const float* x,
+                                                 const float* s, const float* a, const W* wd, const float* wg,
+                                                 long hid, long inter, int streams) {
+    constexpr int N = WeightVec<W>::N;
+    const long t = blockIdx.y;
+    const float gate = sigmoid_f32(block_dot(x + t * hid, wg, hid));
+    const long warps_per_block = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const float* st = s + t * inter;
+    const bool vec = inter % N == 0 && aligned16(st) && aligned16(wd);
+    const long width = (long)streams * hid;
+    for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < hid; r += gridDim.x * warps_per_block) {
+        float acc[1];
+        row_dots<W, 1>(acc, st, wd + r * inter, inter, 1, lane, vec);
+        const float shared = warp_sum(acc[0]);
+        const float y = a[t * hid + r] + shared * gate;
+        for (int c = lane; c < streams; c += 32) {
+            const long o = t * width + (long)c * hid + r;
+            out[o] = h[o] + __fmul_rn(inj[t * streams + c], y);
+        }
+    }
+}
+
+#define MOE_SHARED_WRITE_KERNEL(W, SUFFIX)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) moe_shared_write_reference_##SUFFIX(                    \
+        float* out, const float* h, const float* inj, const float* x, const float* s, const float* a,         \
+        const W* wd, const float* wg, long hid, long inter, int streams) {                                    \
+        prefetch_first_rows(wd, inter, hid, blockDim.x >> 5);                                                \
+        wait_for_producers();                                                                                 \
+        moe_shared_write<W>(out, h, inj, x, s, a, wd, wg, hid, inter, streams);                               \
+    }
+
+MOE_SHARED_WRITE_KERNEL(float, f32)
+MOE_SHARED_WRITE_KERNEL(bf16_t, bf16)
+
 // One token, G consecutive output rows per block, every thread of the block along k: thread t
 // takes chunks t, t + blockDim, ... of the G rows (each activation chunk loaded once for all G),
 // U chunks of each row in flight, and the G sums are reduced over the block. A warp per row
@@ -189,13 +230,14 @@ extern "C" __global__ void __launch_bounds__(256)
 // multiprocessor's loads in flight to the end. `epilogue(r, sum)` stores row r (lanes of warp 0
 // call it together, each with the whole sum).
 template <typename W, int G, int U, typename Epilogue>
-__device__ __forceinline__ void linear_group1(const float* x, const W* w, long k, long n, Epilogue epilogue) {
+__device__ __forceinline__ void linear_group1(const float* x, const W* w, long k, long n, long block, long blocks,
+                                              Epilogue epilogue) {
     constexpr int N = WeightVec<W>::N;
     __shared__ float partial[G][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const long stride = blockDim.x;
     const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
-    for (long r0 = (long)blockIdx.x * G; r0 < n; r0 += (long)gridDim.x * G) {
+    for (long r0 = block * G; r0 < n; r0 += blocks * G) {
         const int here = (int)min((long)G, n - r0);
         float acc[G];
 #pragma unroll
@@ -262,7 +304,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
                                                               long n) {                                       \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
-        linear_group1<W, G, U>(x, w, k, n, [&](long r, float s) {                                             \
+        linear_group1<W, G, U>(x, w, k, n, blockIdx.x, gridDim.x, [&](long r, float s) {                                             \
             if ((threadIdx.x & 31) == 0) y[r] = s;                                                            \
         });                                                                                                   \
     }                                                                                                         \
@@ -270,7 +312,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
         float* out, const float* h, const float* inj, const float* x, const W* w, long k, long n, int streams) { \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
-        linear_group1<W, G, U>(x, w, k, n, [&](long r, float s) {                                             \
+        linear_group1<W, G, U>(x, w, k, n, blockIdx.x, gridDim.x, [&](long r, float s) {                                             \
             for (int c = threadIdx.x & 31; c < streams; c += 32)                                              \
                 out[(long)c * n + r] = h[(long)c * n + r] + __fmul_rn(inj[c], s);                             \
         });                                                                                                   \
@@ -282,6 +324,66 @@ GROUP_KERNELS(4, 1, float, f32)
 GROUP_KERNELS(1, 4, bf16_t, bf16)
 GROUP_KERNELS(2, 2, bf16_t, bf16)
 GROUP_KERNELS(4, 1, bf16_t, bf16)
+
+// linear_group (one token): up to four matrices W_p [n_p, k] over the same x, in one launch (a
+// horizontal fusion: GDN's four input projections, for one): part p gets ceil(n_p / 2) blocks
+// of 2 rows each, in part order, and runs linear_group1 on them. The part is picked with
+// selects, not an array indexed at run time (which would live in local memory).
+#define GROUP_PART_ROWS 2
+
+template <typename W>
+struct Part {
+    const W* w;
+    float* y;
+    long n;
+    long block;   // this block's index within the part
+    long blocks;  // the part's blocks
+};
+
+template <typename W>
+__device__ __forceinline__ Part<W> part_of(const W* w0, const W* w1, const W* w2, const W* w3, float* y0,
+                                           float* y1, float* y2, float* y3, long n0, long n1, long n2, long n3,
+                                           int parts) {
+    Part<W> p{w0, y0, n0, (long)blockIdx.x, (n0 + GROUP_PART_ROWS - 1) / GROUP_PART_ROWS};
+    const W* ws[3] = {w1, w2, w3};
+    float* ys[3] = {y1, y2, y3};
+    const long ns[3] = {n1, n2, n3};
+#pragma unroll
+    for (int q = 0; q < 3; q++) {
+        if (q + 1 < parts && p.block >= p.blocks) {
+            p.block -= p.blocks;
+            p.w = ws[q];
+            p.y = ys[q];
+            p.n = ns[q];
+            p.blocks = (ns[q] + GROUP_PART_ROWS - 1) / GROUP_PART_ROWS;
+        }
+    }
+    return p;
+}
+
+// The rows block b reads first, into L2 before the wait.
+template <typename W>
+__device__ __forceinline__ void prefetch_part_rows(const Part<W>& p, long k) {
+    const long r0 = p.block * GROUP_PART_ROWS;
+    if (threadIdx.x == 0 && r0 < p.n)
+        prefetch_weights(p.w + r0 * k, min((long)GROUP_PART_ROWS, p.n - r0) * k * (long)sizeof(W));
+}
+
+#define PARTS_KERNEL(W, SUFFIX)                                                                               \
+    extern "C" __global__ void linear_parts1_##SUFFIX(float* y0, float* y1, float* y2, float* y3, const float* x, \
+                                                      const W* w0, const W* w1, const W* w2, const W* w3,       \
+                                                      long n0, long n1, long n2, long n3, int parts, long k) {  \
+        const Part<W> p = part_of<W>(w0, w1, w2, w3, y0, y1, y2, y3, n0, n1, n2, n3, parts);                  \
+        prefetch_part_rows<W>(p, k);                                                                          \
+        wait_for_producers();                                                                                 \
+        float* y = p.y;                                                                                       \
+        linear_group1<W, GROUP_PART_ROWS, 2>(x, p.w, k, p.n, p.block, p.blocks, [&](long r, float s) {        \
+            if ((threadIdx.x & 31) == 0) y[r] = s;                                                            \
+        });                                                                                                   \
+    }
+
+PARTS_KERNEL(float, f32)
+PARTS_KERNEL(bf16_t, bf16)
 
 // Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs
 // (32 of k at a time), so each weight tile is read once per 64 tokens instead of once per 8.

@@ -1,6 +1,7 @@
-//! Every fusion of `graphs/fusions.ron` against the unfused program, on random weights and random
-//! tokens: each fused node's output equals the value the unfused chain computes (same name), and
-//! the logits agree. A fusion that never fires fails the test (it would check nothing).
+//! Every fusion of `graphs/fusions.ron` (with the fusions before it in the file) against the
+//! unfused program, on random weights and random tokens: each fused node's output equals the
+//! value the unfused chain computes (same name), and the logits agree. A fusion that never fires
+//! fails the test (it would check nothing). The groupings of `graphs/groups.ron` likewise.
 
 mod common;
 
@@ -67,14 +68,24 @@ fn each_fusion_matches_the_unfused_graph() {
             .map(|_| rng.random_range(0..plan.vocab_size as i64))
             .collect();
         let next: i64 = rng.random_range(0..plan.vocab_size as i64);
-        for fusion in &graphs.fusions {
+        for (i, fusion) in graphs.fusions.iter().enumerate() {
             let name = fusion.name.clone();
+            // This fusion with the ones before it in the file (a pattern may match the ops
+            // that earlier fusions made), against no fusion at all.
+            let upto: Vec<String> = graphs.fusions[..=i]
+                .iter()
+                .map(|f| f.name.clone())
+                .collect();
             let (plain_pre, _) = program(&plan, Phase::Prefill, prompt.len(), vec![]);
-            let (fused_pre, fired) =
-                program(&plan, Phase::Prefill, prompt.len(), vec![name.clone()]);
+            let (fused_pre, _) = program(&plan, Phase::Prefill, prompt.len(), upto.clone());
+            let fired = fused_pre
+                .nodes
+                .iter()
+                .filter(|n| n.fused.as_deref() == Some(name.as_str()))
+                .count();
             assert!(fired > 0, "{config}: fusion `{name}` never fires");
             let (plain_dec, _) = program(&plan, Phase::Decode, 1, vec![]);
-            let (fused_dec, _) = program(&plan, Phase::Decode, 1, vec![name.clone()]);
+            let (fused_dec, _) = program(&plan, Phase::Decode, 1, upto);
             // The outputs of the fused nodes, plus the logits.
             let mut keep: Vec<String> = fused_pre
                 .nodes
@@ -103,6 +114,50 @@ fn each_fusion_matches_the_unfused_graph() {
     }
 }
 
+/// Every grouping of `graphs/groups.ron` against the ungrouped program, on the CPU (each
+/// grouping's `when` lifted so that it fires there): a group node's outputs equal the separate
+/// nodes' bit for bit, and so do the logits, over a prefill and a decode step.
+#[test]
+fn each_grouping_matches_the_ungrouped_graph() {
+    let mut graphs = GraphSet::embedded().unwrap();
+    assert!(!graphs.groups.is_empty());
+    for g in &mut graphs.groups {
+        g.when.clear();
+    }
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let weights = synth::random_weights(&plan, 13).unwrap();
+    let lowered = |phase: Phase, tokens: usize, names: Vec<String>| {
+        let mut opts = LowerOptions::new(phase, tokens, LogitsMode::All);
+        opts.fusions = Some(names);
+        lower(&plan, &graphs, &opts).unwrap()
+    };
+    for g in graphs.groups.clone() {
+        let name = g.name.clone();
+        let mut state = (SessionState::default(), SessionState::default());
+        for (phase, toks) in [
+            (Phase::Prefill, vec![3i64, 17, 5, 9]),
+            (Phase::Decode, vec![11i64]),
+        ] {
+            let plain = lowered(phase, toks.len(), vec![]).program;
+            let grouped = lowered(phase, toks.len(), vec![name.clone()]);
+            assert!(grouped.fusion_counts[&name] > 0, "`{name}` never groups");
+            let mut keep: Vec<String> = grouped
+                .program
+                .nodes
+                .iter()
+                .filter(|n| n.fused.as_deref() == Some(name.as_str()))
+                .flat_map(|n| n.outputs.clone())
+                .collect();
+            keep.push(grouped.program.output.clone());
+            let keep: Vec<&str> = keep.iter().map(|s| s.as_str()).collect();
+            let a = values(&plain, &weights, &mut state.0, &toks, &keep);
+            let b = values(&grouped.program, &weights, &mut state.1, &toks, &keep);
+            assert!(a == b, "grouping `{name}` changed a value ({phase:?})");
+        }
+    }
+}
+
 /// A fusion's `when` predicates decide where it fires: on the CPU always; on CUDA the
 /// matrix-vector fusions only for decode-sized steps (from 64 tokens their linears run on the
 /// tensor cores unfused), `sigmoid_gated_add` everywhere.
@@ -126,6 +181,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "hc_inject",
             "sigmoid_gated_add",
             "linear_hc_write",
+            "moe_shared_write",
         ] {
             assert!(
                 counts[name] > 0,

@@ -271,6 +271,104 @@ fn kernels_match_the_cpu_reference() {
         }
     }
 
+    // Sibling linears in one launch (LinearGroup): tiny odd parts (scalar path), GDN's four input
+    // projections 2560 -> 10240, 6144, 48, 48 and QSA's 2560 -> 12288, 512, 512, 640; one token
+    // (one launch) and three (a linear_rows each).
+    for (t, k, ns) in [
+        (1, 37, vec![5, 7, 1]),
+        (1, 2560, vec![10240, 6144, 48, 48]),
+        (1, 2560, vec![12288, 512, 512, 640]),
+        (3, 64, vec![33, 9]),
+    ] {
+        let x = random(&mut rng, t * k);
+        let dx = gpu.upload(&x, "x").unwrap();
+        let ws: Vec<Vec<f32>> = ns.iter().map(|&n| random(&mut rng, n * k)).collect();
+        let s = format!("T{t} {k}->{ns:?}");
+        for bf16 in [false, true] {
+            let (mats, host): (Vec<DeviceMatrix>, Vec<Vec<f32>>) = ws
+                .iter()
+                .map(|w| {
+                    if bf16 {
+                        let bits = bf16_bits(w);
+                        (
+                            DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap()),
+                            widen(&bits),
+                        )
+                    } else {
+                        (DeviceMatrix::F32(gpu.upload(w, "w").unwrap()), w.clone())
+                    }
+                })
+                .unzip();
+            let refs: Vec<&DeviceMatrix> = mats.iter().collect();
+            let outs = launch::linear::linear_group(&gpu, &dx, &refs, t).unwrap();
+            for (p, (out, w)) in outs.iter().zip(&host).enumerate() {
+                let got = gpu.download(out, "y").unwrap();
+                report.check(
+                    &format!(
+                        "linear_parts1_{} part {p}",
+                        if bf16 { "bf16" } else { "f32" }
+                    ),
+                    &s,
+                    &got,
+                    &linear::rows(&x, w, t, k, ns[p]),
+                );
+            }
+        }
+    }
+    let mixed = [
+        DeviceMatrix::F32(gpu.upload(&[0.5f32; 8], "w").unwrap()),
+        DeviceMatrix::Bf16(gpu.upload(&[0u16; 8], "w").unwrap()),
+    ];
+    let x4 = gpu.upload(&[1.0f32; 4], "x").unwrap();
+    let err = launch::linear::linear_group(&gpu, &x4, &[&mixed[0], &mixed[1]], 1)
+        .expect_err("parts of two weight types");
+    assert!(err.to_string().contains("linear_parts1_f32"), "{err}");
+
+    // The MoE block's end (shared expert down projection, gate, sum, residual write): tiny odd
+    // sizes and the real 640 -> 2560 with 4 streams, one token and three.
+    for (t, hid, inter, c) in [
+        (1, 37, 19, 4),
+        (3, 64, 40, 2),
+        (1, 2560, 640, 4),
+        (3, 2560, 640, 4),
+    ] {
+        let (h, inj) = (random(&mut rng, t * c * hid), random(&mut rng, t * c));
+        let (x, sh, a) = (
+            random(&mut rng, t * hid),
+            random(&mut rng, t * inter),
+            random(&mut rng, t * hid),
+        );
+        let (wd, wg) = (random(&mut rng, hid * inter), random(&mut rng, hid));
+        let up = |v: &[f32]| gpu.upload(v, "v").unwrap();
+        let (dh, dinj, dx, dsh, da, dwg) = (up(&h), up(&inj), up(&x), up(&sh), up(&a), up(&wg));
+        let s = format!("T{t} {inter}->{hid} C{c}");
+        let bits = bf16_bits(&wd);
+        for (dtype, dwd, wv) in [
+            ("f32", DeviceMatrix::F32(up(&wd)), wd.clone()),
+            (
+                "bf16",
+                DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap()),
+                widen(&bits),
+            ),
+        ] {
+            let got = gpu
+                .download(
+                    &launch::linear::moe_shared_write(
+                        &gpu, &dh, &dinj, &dx, &dsh, &da, &dwd, &dwg, t, c,
+                    )
+                    .unwrap(),
+                    "y",
+                )
+                .unwrap();
+            report.check(
+                &format!("moe_shared_write_reference_{dtype}"),
+                &s,
+                &got,
+                &linear::moe_shared_write(&h, &inj, &x, &sh, &a, &wv, &wg, t, c),
+            );
+        }
+    }
+
     // The tiled multi-token kernel: odd sizes (partial tiles in every dimension) and real prefill
     // shapes (2048 tokens through q_proj; o_proj; the shared expert's 2560->640).
     for (t, k, n) in [

@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use super::fraction;
 use crate::error::Result;
-use crate::exec::cuda::launch::linear::{linear_hc_write_with, linear_one_token, OneToken};
+use crate::exec::cuda::launch::linear::{
+    linear_group, linear_hc_write_with, linear_one_token, OneToken,
+};
 use crate::exec::cuda::launch::{self, DeviceMatrix};
 use crate::exec::cuda::{CudaError, Gpu};
 use crate::ir::{Op, Program};
@@ -68,6 +70,102 @@ fn event(gpu: &Gpu) -> std::result::Result<cudarc::driver::CudaEvent, CudaError>
         .map_err(|e| CudaError::driver("recording a timing event", None, e))
 }
 
+/// The (k, [n_p]) of each `LinearGroup` node of `program`.
+fn group_shapes(program: &Program) -> BTreeSet<(usize, Vec<usize>)> {
+    let width = |name: &str| program.value(name).map_or(0, |v| v.width);
+    program
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::LinearGroup { .. }))
+        .map(|n| {
+            (
+                width(&n.inputs[0]),
+                n.outputs.iter().map(|o| width(o)).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Times `launches` calls of `once(i)` back to back (queued behind a spinning kernel): µs each.
+fn time_back_to_back(
+    gpu: &Gpu,
+    launches: usize,
+    once: &dyn Fn(usize) -> std::result::Result<(), CudaError>,
+) -> std::result::Result<f64, CudaError> {
+    once(0)?;
+    gpu.sync("a sweep warm-up")?;
+    launch::hold_gpu(gpu, 20_000_000)?;
+    let start = event(gpu)?;
+    for i in 0..launches {
+        once(i)?;
+    }
+    let end = event(gpu)?;
+    gpu.sync("a sweep")?;
+    Ok(elapsed_us(&start, &end)? / launches as f64)
+}
+
+/// Each sibling group of the program in one launch (`linear_group`) and as separate launches
+/// (each part with its own variant), over rotating copies of the matrices.
+fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
+    let mut rows = Vec::new();
+    for (k, ns) in group_shapes(program) {
+        let bytes: usize = ns.iter().map(|n| n * k * 2).sum();
+        if bytes == 0 {
+            continue;
+        }
+        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(2, 64);
+        let mut sets = Vec::with_capacity(copies);
+        for c in 0..copies {
+            let mut set = Vec::with_capacity(ns.len());
+            for (p, &n) in ns.iter().enumerate() {
+                let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n * k, "a sweep matrix")?);
+                launch::fill_uniform(gpu, &mut m, (c * 8 + p) as u64, -0.05, 0.05)?;
+                set.push(m);
+            }
+            sets.push(set);
+        }
+        let x = gpu.zeros::<f32>(k, "a sweep input")?;
+        let total: usize = ns.iter().sum();
+        let out = gpu.zeros::<u8>(total * 4 + 256 * ns.len(), "the sweep output")?;
+        let out_ptr = {
+            use cudarc::driver::DevicePtr as _;
+            out.device_ptr(&gpu.stream).0
+        };
+        gpu.set_scratch_pool(Some((out_ptr, out.len())));
+        let launches = LAUNCHES.max(copies);
+        let one = time_back_to_back(gpu, launches, &|i| {
+            gpu.next_node_scratch();
+            let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
+            linear_group(gpu, &x, &refs, 1).map(drop)
+        })?;
+        let separate = time_back_to_back(gpu, launches, &|i| {
+            gpu.next_node_scratch();
+            for (m, &n) in sets[i % copies].iter().zip(&ns) {
+                linear_one_token(gpu, &x, m, k, n, OneToken::for_shape(n, k))?;
+            }
+            Ok(())
+        })?;
+        gpu.set_scratch_pool(None);
+        let shape = ns
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join("+");
+        for (variant, us, chosen) in [("one launch", one, true), ("separate", separate, false)] {
+            rows.push(SweepRow {
+                kernel: format!("linear_group {shape}"),
+                k,
+                n: total,
+                variant: variant.to_string(),
+                us_per_launch: us,
+                fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
+                chosen,
+            });
+        }
+    }
+    Ok(rows)
+}
+
 pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
     gpu.set_programmatic_launch(true);
@@ -96,24 +194,15 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         gpu.set_scratch_pool(Some((out_ptr, out.len())));
         let chosen = OneToken::for_shape(n, k);
         for v in OneToken::ALL {
-            let once = |m: &DeviceMatrix| -> std::result::Result<(), CudaError> {
+            let us = time_back_to_back(gpu, LAUNCHES.max(copies), &|i| {
                 gpu.next_node_scratch();
+                let m = &mats[i % copies];
                 if fused {
                     linear_hc_write_with(gpu, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
                 } else {
                     linear_one_token(gpu, &x, m, k, n, v).map(drop)
                 }
-            };
-            once(&mats[0])?;
-            gpu.sync("a sweep warm-up")?;
-            launch::hold_gpu(gpu, 20_000_000)?;
-            let start = event(gpu)?;
-            for i in 0..LAUNCHES.max(copies) {
-                once(&mats[i % copies])?;
-            }
-            let end = event(gpu)?;
-            gpu.sync("a sweep")?;
-            let us = elapsed_us(&start, &end)? / LAUNCHES.max(copies) as f64;
+            })?;
             rows.push(SweepRow {
                 kernel: if fused { "linear_hc_write" } else { "linear" }.to_string(),
                 k,
@@ -126,5 +215,6 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         }
         gpu.set_scratch_pool(None);
     }
+    rows.extend(groups(gpu, program, bandwidth)?);
     Ok(rows)
 }

@@ -301,6 +301,8 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
         "hc_mix",
         "hc_inject",
         "linear_hc_write",
+        "linear_group",
+        "moe_shared_write",
     ];
     match &node.op {
         Op::MoeExperts { experts, .. } => {
@@ -650,13 +652,13 @@ impl std::fmt::Display for BenchReport {
             )?;
             writeln!(
                 f,
-                "  {:<16} {:>14} {:<14} {:>10} {:>10}",
+                "  {:<34} {:>14} {:<14} {:>10} {:>10}",
                 "kernel", "k->n", "variant", "µs", "of copy bw"
             )?;
             for r in &self.linear_sweep {
                 writeln!(
                     f,
-                    "  {:<16} {:>14} {:<14} {:>10.2} {:>10.3}{}",
+                    "  {:<34} {:>14} {:<14} {:>10.2} {:>10.3}{}",
                     r.kernel,
                     format!("{}->{}", r.k, r.n),
                     r.variant,

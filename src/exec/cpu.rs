@@ -440,6 +440,32 @@ fn exec_node(
                 linear::linear_hc_write(h, inj, x, &w[0].data, rows, *streams),
             )
         }
+        Op::MoeSharedWrite { streams } => {
+            let (h, rows) = inputs[0].f32();
+            let (inj, x, sh, a) = (
+                inputs[1].f32().0,
+                inputs[2].f32().0,
+                inputs[3].f32().0,
+                inputs[4].f32().0,
+            );
+            one(
+                rows,
+                linear::moe_shared_write(h, inj, x, sh, a, &w[0].data, &w[1].data, rows, *streams),
+            )
+        }
+        Op::LinearGroup { .. } => {
+            // Each part is the linear layer it replaced.
+            let (x, rows) = inputs[0].f32();
+            Ok(w.iter()
+                .map(|wi| {
+                    let (n, k) = (wi.shape[0], wi.shape[1]);
+                    Val::F32 {
+                        rows,
+                        data: linear::rows(x, &wi.data, rows, k, n),
+                    }
+                })
+                .collect())
+        }
         Op::SigmoidGatedAdd => {
             let (x, rows) = inputs[0].f32();
             let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);

@@ -164,6 +164,18 @@ pub enum Op<D> {
     LinearHcWrite {
         streams: D,
     },
+    /// Fused end of the MoE block: `h + inj ⊗ (a + sigmoid(x·wgᵀ) * (s·Wdᵀ))`, the shared
+    /// expert's down projection, its gated sum with the routed experts' output and the residual
+    /// write in one pass: args `h [T, C*H]`, `inj [T, C]`, `x [T, H]`, `s [T, I]`, `a [T, H]`;
+    /// weights `Wd [H, I]`, `wg [1, H]`.
+    MoeSharedWrite {
+        streams: D,
+    },
+    /// Sibling linear layers over one input, computed together (a horizontal fusion,
+    /// `graphs/groups.ron`): `x [T, K]`, weights `W_i [N_i, K]` → `parts` outputs `x·W_iᵀ [T, N_i]`.
+    LinearGroup {
+        parts: D,
+    },
     /// Fused gated sum `a + sigmoid(x·wᵀ) * b`: args `x [T, H]`, `b [T, D]`, `a [T, D]`,
     /// weight `w [1, H]` (the shared expert's gate: one logit per token).
     SigmoidGatedAdd,
@@ -213,6 +225,8 @@ impl<D> Op<D> {
             Op::HcInject { .. } => "hc_inject",
             Op::SigmoidGatedAdd => "sigmoid_gated_add",
             Op::LinearHcWrite { .. } => "linear_hc_write",
+            Op::LinearGroup { .. } => "linear_group",
+            Op::MoeSharedWrite { .. } => "moe_shared_write",
         }
     }
 
@@ -224,10 +238,12 @@ impl<D> Op<D> {
     }
 
     /// Number of outputs the op produces.
-    pub fn num_outputs(&self) -> usize {
+    /// `None` for an op whose output count is one of its dimensions (`LinearGroup`'s parts).
+    pub fn num_outputs(&self) -> Option<usize> {
         match self {
-            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } => 2,
-            _ => 1,
+            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } => Some(2),
+            Op::LinearGroup { .. } => None,
+            _ => Some(1),
         }
     }
 
@@ -348,6 +364,10 @@ impl<D> Op<D> {
             },
             Op::SigmoidGatedAdd => Op::SigmoidGatedAdd,
             Op::LinearHcWrite { streams } => Op::LinearHcWrite {
+                streams: f(streams)?,
+            },
+            Op::LinearGroup { parts } => Op::LinearGroup { parts: f(parts)? },
+            Op::MoeSharedWrite { streams } => Op::MoeSharedWrite {
                 streams: f(streams)?,
             },
         })

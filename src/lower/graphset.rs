@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 
 use super::error::LowerError;
-use super::template::{Block, Fusion, ModelDecl, Rule};
+use super::template::{Block, Fusion, Grouping, ModelDecl, Rule};
 
 /// Every graph file, as loaded and checked.
 #[derive(Debug, Clone)]
@@ -18,6 +18,8 @@ pub struct GraphSet {
     pub model: ModelDecl,
     pub blocks: BTreeMap<String, Block>,
     pub fusions: Vec<Fusion>,
+    /// Horizontal fusions (`groups.ron`; optional in a `--graphs` directory).
+    pub groups: Vec<Grouping>,
     pub rules: Vec<Rule>,
 }
 
@@ -36,7 +38,8 @@ impl GraphSet {
         Self::from_files(&files)
     }
 
-    /// Reads `dir/qwen4exp/*.ron`, `dir/fusions.ron` and `dir/rules.ron`.
+    /// Reads `dir/qwen4exp/*.ron`, `dir/fusions.ron`, `dir/rules.ron` and, when present,
+    /// `dir/groups.ron`.
     pub fn load_dir(dir: &Path) -> Result<GraphSet, LowerError> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).map_err(|e| LowerError::Io {
@@ -62,6 +65,10 @@ impl GraphSet {
             let p = dir.join(name);
             files.push((p.display().to_string(), read(&p)?));
         }
+        let groups = dir.join("groups.ron");
+        if groups.exists() {
+            files.push((groups.display().to_string(), read(&groups)?));
+        }
         Self::from_files(&files)
     }
 
@@ -70,6 +77,7 @@ impl GraphSet {
         let mut model = None;
         let mut blocks = BTreeMap::new();
         let mut fusions = None;
+        let mut groups = None;
         let mut rules = None;
         for (path, text) in files {
             let stem = Path::new(path)
@@ -87,6 +95,7 @@ impl GraphSet {
                 }
                 (false, "fusions") => fusions = Some(parse::<Vec<Fusion>>(path, text)?),
                 (false, "rules") => rules = Some(parse::<Vec<Rule>>(path, text)?),
+                (false, "groups") => groups = Some(parse::<Vec<Grouping>>(path, text)?),
                 _ => {}
             }
         }
@@ -95,6 +104,7 @@ impl GraphSet {
                 .ok_or_else(|| LowerError::graph("graphs/qwen4exp/model.ron", "file is missing"))?,
             blocks,
             fusions: fusions.unwrap_or_default(),
+            groups: groups.unwrap_or_default(),
             rules: rules.unwrap_or_default(),
         };
         set.check_references()?;
@@ -178,14 +188,13 @@ fn block_check(block: &Block, file: &str) -> Result<(), LowerError> {
                 ));
             }
         }
-        if node.out.len() != node.op.num_outputs() {
+        if let Some(n) = node.op.num_outputs().filter(|&n| n != node.out.len()) {
             return Err(LowerError::graph(
                 file,
                 format!(
-                    "node `{}`: op {} has {} output(s), the node names {}",
+                    "node `{}`: op {} has {n} output(s), the node names {}",
                     node.out.join(","),
                     node.op.kind(),
-                    node.op.num_outputs(),
                     node.out.len()
                 ),
             ));

@@ -53,7 +53,7 @@ impl LowerOptions {
 #[derive(Debug, Clone)]
 pub struct Lowered {
     pub program: Program,
-    /// How often each fusion fired.
+    /// How often each fusion fired (and how many nodes each grouping made).
     pub fusion_counts: BTreeMap<String, usize>,
 }
 
@@ -75,25 +75,36 @@ pub fn lower(
     }
     let rules = passes::schedule::check_rules(&graphs.rules, &opts.overrides)?;
     let mut program = instantiate::instantiate(plan, graphs, opts)?;
-    let fusions: Vec<_> = match &opts.fusions {
-        None => graphs.fusions.clone(),
-        Some(names) => {
-            for n in names {
-                if !graphs.fusions.iter().any(|f| &f.name == n) {
-                    return Err(LowerError::Fusion {
-                        fusion: n.clone(),
-                        msg: "no such fusion in fusions.ron".into(),
-                    });
-                }
+    // `opts.fusions` names the fusions and groupings to apply (None: every one of the files).
+    if let Some(names) = &opts.fusions {
+        for n in names {
+            let known = graphs.fusions.iter().any(|f| &f.name == n)
+                || graphs.groups.iter().any(|g| &g.name == n);
+            if !known {
+                return Err(LowerError::Fusion {
+                    fusion: n.clone(),
+                    msg: "no such fusion in fusions.ron or groups.ron".into(),
+                });
             }
-            graphs
-                .fusions
-                .iter()
-                .filter(|f| names.contains(&f.name))
-                .cloned()
-                .collect()
         }
+    }
+    let chosen = |name: &str| {
+        opts.fusions
+            .as_ref()
+            .is_none_or(|ns| ns.iter().any(|n| n == name))
     };
+    let fusions: Vec<_> = graphs
+        .fusions
+        .iter()
+        .filter(|f| chosen(&f.name))
+        .cloned()
+        .collect();
+    let groups: Vec<_> = graphs
+        .groups
+        .iter()
+        .filter(|g| chosen(&g.name))
+        .cloned()
+        .collect();
     let dims = plan.dims();
     let facts = passes::schedule::Facts {
         device: opts.device,
@@ -102,7 +113,8 @@ pub fn lower(
         dims: &dims,
         weight_dtype: opts.weight_dtype.as_deref(),
     };
-    let fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
+    let mut fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
+    fusion_counts.extend(passes::group::run(&mut program, &groups, &facts)?);
     passes::schedule::run(&mut program, &rules, &facts)?;
     passes::memplan::run(&mut program);
     passes::segment::run(&mut program);

@@ -133,6 +133,25 @@ pub struct Fusion {
     pub when: Vec<Predicate>,
 }
 
+/// A horizontal fusion (`graphs/groups.ron`): sibling nodes of one op kind that read the same
+/// input become one node computing all their outputs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grouping {
+    pub name: String,
+    #[serde(default)]
+    pub doc: String,
+    /// The siblings' op kind (`linear`).
+    pub op: String,
+    /// The op computing a group (`LinearGroup`; its `parts` is the group's size).
+    pub into: String,
+    /// Largest group; more siblings make several groups, in program order.
+    pub max_parts: usize,
+    /// Programs the grouping applies to (as a fusion's `when`); empty = all.
+    #[serde(default)]
+    pub when: Vec<Predicate>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PatternNode {

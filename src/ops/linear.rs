@@ -102,6 +102,28 @@ pub fn sigmoid_gated_add(x: &[f32], w: &[f32], b: &[f32], a: &[f32], tokens: usi
     y
 }
 
+/// Fused end of the MoE block: `h + inj ⊗ (a + sigmoid(x·wgᵀ) * (s·Wdᵀ))` for `s [T, I]`,
+/// `Wd [H, I]`, `x, a [T, H]`, `wg [H]`, `h [T, streams*H]`, `inj [T, streams]`: the shared
+/// expert's down projection, then `sigmoid_gated_add`, then `hc_write`, as unfused.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_shared_write(
+    h: &[f32],
+    inj: &[f32],
+    x: &[f32],
+    s: &[f32],
+    a: &[f32],
+    wd: &[f32],
+    wg: &[f32],
+    tokens: usize,
+    streams: usize,
+) -> Vec<f32> {
+    let inter = s.len() / tokens;
+    let hid = wd.len() / inter;
+    let shared = rows(s, wd, tokens, inter, hid);
+    let y = sigmoid_gated_add(x, wg, &shared, a, tokens);
+    super::elementwise::hc_write(h, inj, &y, tokens, streams)
+}
+
 /// Fused expert gate/up: `silu(x·Wgᵀ) * (x·Wuᵀ)`, both dot products of an output row taken in
 /// one visit of the token's row.
 pub fn swiglu(x: &[f32], wg: &[f32], wu: &[f32], tokens: usize, k: usize, n: usize) -> Vec<f32> {

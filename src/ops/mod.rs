@@ -35,7 +35,8 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "mul" | "add" | "slice" | "stream_mean" | "hc_write" | "causal_conv" | "gdn_gates"
         | "gdn_recurrence" | "gated_rms_norm" | "split_q_gate" | "rope" | "indexer_select"
         | "attention" | "moe_router" | "ple_ngram_ids" | "ple_gate" | "last_row" | "hc_mix"
-        | "hc_inject" | "swiglu_linear" | "sigmoid_gated_add" | "linear_hc_write" => &["reference"],
+        | "hc_inject" | "swiglu_linear" | "sigmoid_gated_add" | "linear_hc_write"
+        | "linear_group" | "moe_shared_write" => &["reference"],
         _ => &[],
     }
 }

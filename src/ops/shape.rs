@@ -320,6 +320,40 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             })?;
             f(h)
         }
+        Op::MoeSharedWrite { streams } => {
+            expect_inputs(inputs, 5)?;
+            expect_weights(weights, 2)?;
+            let h = f32_input(inputs[0], "h")?;
+            let inj = f32_input(inputs[1], "inj")?;
+            let hid = f32_input(inputs[2], "x")?;
+            let inter = f32_input(inputs[3], "s")?;
+            check(f32_input(inputs[4], "a")? == hid, || {
+                "a and x widths".into()
+            })?;
+            check(weights[0] == vec![hid, inter], || {
+                format!("down weight {:?}, want [{hid}, {inter}]", weights[0])
+            })?;
+            check(weights[1] == vec![1, hid], || "gate weight".into())?;
+            check(inj == *streams && h == streams * hid, || {
+                format!("h {h}, inj {inj}, y {hid} do not fit {streams} streams")
+            })?;
+            f(h)
+        }
+        Op::LinearGroup { parts } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, *parts)?;
+            let k = f32_input(inputs[0], "input")?;
+            weights
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    check(w.len() == 2 && w[1] == k, || {
+                        format!("weight {i} is {w:?}, want [N, {k}]")
+                    })?;
+                    Ok((F32, w[0]))
+                })
+                .collect()
+        }
         Op::SigmoidGatedAdd => {
             expect_inputs(inputs, 3)?;
             expect_weights(weights, 1)?;

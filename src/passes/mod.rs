@@ -1,7 +1,8 @@
 //! The passes that turn an instantiated graph into a runnable program, one job per file, run in
 //! this order by `lower::lower`:
 //!
-//! 1. [`fuse`]: replace the patterns of `graphs/fusions.ron` by fused ops;
+//! 1. [`fuse`]: replace the patterns of `graphs/fusions.ron` by fused ops, then [`group`]: merge
+//!    the sibling nodes of `graphs/groups.ron` (horizontal fusion);
 //! 2. [`schedule`]: choose a kernel variant for every node from `graphs/rules.ron`;
 //! 3. [`memplan`]: mark the last use of every value, size every value and lay them all out in one
 //!    arena, values whose lifetimes are disjoint sharing bytes;
@@ -11,6 +12,7 @@
 //!    segments).
 
 pub mod fuse;
+pub mod group;
 pub mod memplan;
 pub mod schedule;
 pub mod segment;

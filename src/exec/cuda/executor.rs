@@ -27,6 +27,7 @@ const MATRIX_OPS: &[&str] = &[
     "hc_mix",
     "hc_inject",
     "linear_hc_write",
+    "linear_group",
     "moe_experts",
     "embed",
 ];
@@ -177,9 +178,24 @@ fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
     program
         .nodes
         .iter()
-        .filter(|n| MATRIX_OPS.contains(&n.op.kind()))
-        .flat_map(|n| n.weights.iter().cloned())
+        .flat_map(|n| {
+            n.weights
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| is_matrix_weight(n.op.kind(), i))
+                .map(|(_, w)| w.clone())
+        })
         .collect()
+}
+
+/// Whether weight `index` of an op of kind `kind` is a matrix: every weight of `MATRIX_OPS`,
+/// and the down projection of `moe_shared_write` (its gate weight stays the f32 vector that the
+/// unfused `sigmoid_gated_add` of longer steps reads).
+fn is_matrix_weight(kind: &str, index: usize) -> bool {
+    match kind {
+        "moe_shared_write" => index == 0,
+        k => MATRIX_OPS.contains(&k),
+    }
 }
 
 fn missing(name: &str) -> CudaError {
@@ -774,6 +790,40 @@ fn launch_node<'v>(
                 _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
             };
             vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::MoeSharedWrite { streams } => {
+            let (h, rows) = arg(0).f32();
+            let (inj, x, sh, a) = (
+                arg(1).f32().0,
+                arg(2).f32().0,
+                arg(3).f32().0,
+                arg(4).f32().0,
+            );
+            vec![DVal::F32 {
+                rows,
+                buf: launch::linear::moe_shared_write(
+                    gpu,
+                    h,
+                    inj,
+                    x,
+                    sh,
+                    a,
+                    weights.matrix(w(0))?,
+                    weights.vector(w(1))?,
+                    rows,
+                    *streams,
+                )?,
+            }]
+        }
+        Op::LinearGroup { .. } => {
+            let (x, rows) = arg(0).f32();
+            let ms = (0..node.weights.len())
+                .map(|i| weights.matrix(w(i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            launch::linear::linear_group(gpu, x, &ms, rows)?
+                .into_iter()
+                .map(|buf| DVal::F32 { rows, buf })
+                .collect()
         }
         Op::DivBy { by } => {
             let (x, rows) = arg(0).f32();

@@ -380,3 +380,160 @@ pub fn linear_mma(
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
+
+/// Most matrices one `linear_parts1` launch takes (`GROUP_PARTS` in kernels/linear.cu).
+pub const MAX_PARTS: usize = 4;
+
+/// Sibling linear layers over one input (`Op::LinearGroup`): `x [tokens, k]`, `W_p [n_p, k]`
+/// → `x·W_pᵀ`, in part order. One token: one launch for all parts (`linear_parts1`, 2 rows a
+/// block); more tokens: each part as [`linear_rows`].
+pub fn linear_group(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ws: &[&DeviceMatrix],
+    tokens: usize,
+) -> Result<Vec<Buf<f32>>, CudaError> {
+    let k = x.len().checked_div(tokens).unwrap_or(0);
+    let ns: Vec<usize> = ws
+        .iter()
+        .map(|w| w.len().checked_div(k).unwrap_or(0))
+        .collect();
+    if tokens != 1 {
+        return ws
+            .iter()
+            .zip(&ns)
+            .map(|(w, &n)| linear_rows(gpu, x, w, tokens, k, n))
+            .collect();
+    }
+    let first = ws.first().copied();
+    let kernel_name = first.map_or("linear_parts1".into(), |w| w.kernel("linear_parts1"));
+    let kernel = kernel_name.as_str();
+    let same_dtype = ws.iter().all(|w| {
+        matches!(
+            (w, first),
+            (DeviceMatrix::F32(_), Some(DeviceMatrix::F32(_)))
+                | (DeviceMatrix::Bf16(_), Some(DeviceMatrix::Bf16(_)))
+        )
+    });
+    shape(
+        kernel,
+        (1..=MAX_PARTS).contains(&ws.len())
+            && same_dtype
+            && k > 0
+            && x.len() == k
+            && ws.iter().zip(&ns).all(|(w, &n)| n > 0 && w.len() == n * k),
+        || {
+            format!(
+                "x {} values, {} weights of {:?} values (want 1 to {MAX_PARTS} matrices [n, {k}] of one type)",
+                x.len(),
+                ws.len(),
+                ws.iter().map(|w| w.len()).collect::<Vec<_>>()
+            )
+        },
+    )?;
+    let blocks: usize = ns.iter().map(|n| n.div_ceil(2)).sum();
+    shape(kernel, blocks <= 65_535 * 8, || {
+        format!("{blocks} blocks is too large a grid")
+    })?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut ys = Vec::with_capacity(ws.len());
+    for &n in &ns {
+        ys.push(gpu.output::<f32>(n, kernel)?);
+    }
+    let mut b = gpu.launch_builder(&f);
+    // Absent parts repeat part 0's pointers with no rows (never read or written).
+    let last = ys.len() - 1;
+    for p in 0..MAX_PARTS {
+        b.arg(&*ys[p.min(last)]);
+    }
+    b.arg(x);
+    for p in 0..MAX_PARTS {
+        arg_matrix(&mut b, ws[p.min(ws.len() - 1)]);
+    }
+    let n64: Vec<i64> = (0..MAX_PARTS)
+        .map(|p| ns.get(p).map_or(0, |&n| n as i64))
+        .collect();
+    for n in &n64 {
+        b.arg(n);
+    }
+    let (parts32, k64) = (ws.len() as i32, k as i64);
+    b.arg(&parts32).arg(&k64);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: every part's shape was checked above; the kernel gives part p ceil(n_p / 2)
+    // blocks and writes its n_p outputs; parts past `parts` have no rows.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(ys)
+}
+
+/// The MoE block's end (`ops::linear::moe_shared_write`): `h + inj ⊗ (a + sigmoid(x·wgᵀ) *
+/// (s·Wdᵀ))` with `h [T, C*H]`, `inj [T, C]`, `x, a [T, H]`, `s [T, I]`, `Wd [H, I]`,
+/// `wg [H]`; a warp per output row of Wd, a grid row per token.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_shared_write(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    inj: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    s: &CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    wd: &DeviceMatrix,
+    wg: &CudaSlice<f32>,
+    tokens: usize,
+    streams: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel_name = wd.kernel("moe_shared_write_reference");
+    let kernel = kernel_name.as_str();
+    let hid = wg.len();
+    let inter = s.len().checked_div(tokens).unwrap_or(0);
+    shape(
+        kernel,
+        tokens > 0
+            && tokens < 65_536
+            && streams > 0
+            && streams <= i32::MAX as usize
+            && hid > 0
+            && inter > 0
+            && x.len() == tokens * hid
+            && a.len() == tokens * hid
+            && s.len() == tokens * inter
+            && wd.len() == hid * inter
+            && h.len() == tokens * streams * hid
+            && inj.len() == tokens * streams,
+        || {
+            format!(
+                "h {}, inj {}, x {}, s {}, a {} values for {tokens} tokens of {streams} streams; \
+                 down weight {} values, gate weight {hid}",
+                h.len(),
+                inj.len(),
+                x.len(),
+                s.len(),
+                a.len(),
+                wd.len()
+            )
+        },
+    )?;
+    let f = gpu.function("linear.cu", kernel)?;
+    let mut y = gpu.output::<f32>(h.len(), kernel)?;
+    let (h64, i64_, s32) = (hid as i64, inter as i64, streams as i32);
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(h).arg(inj).arg(x).arg(s).arg(a);
+    arg_matrix(&mut b, wd);
+    b.arg(wg).arg(&h64).arg(&i64_).arg(&s32);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            hid.div_ceil(8).clamp(1, 65_535 * 8) as u32,
+            tokens as u32,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: every size was checked above; block (r, t) writes the C stream values of its rows
+    // of token t; 16-byte loads only where I and the addresses allow.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
