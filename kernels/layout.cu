@@ -99,12 +99,12 @@ __device__ __forceinline__ void hc_mix_act_block(float* act, const float* hn, co
     }
 }
 
-template <typename W>
-__device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const float* act, const W* up, long rows,
-                                            long streams, long hid, long rank) {
+// `hn_at(t, ch)`: the normalised value of channel ch (stream-major) of row t.
+template <typename W, typename Hn>
+__device__ __forceinline__ void hc_mix_gate_with(float* y, Hn hn_at, const float* act, const W* up, long rows,
+                                                 long streams, long hid, long rank) {
     const int lane = threadIdx.x & 31;
     const long warps = blockDim.x >> 5;
-    const long width = streams * hid;
     const bool split = streams <= 32 && 32 % streams == 0;
     for (long o = blockIdx.x * warps + (threadIdx.x >> 5); o < rows * hid; o += (long)gridDim.x * warps) {
         const long t = o / hid, c = o % hid;
@@ -116,19 +116,175 @@ __device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const flo
             const long s = lane / per, ch = s * hid + c;
             float d = strided_dot(act + t * rank, up + ch * rank, rank, lane % per, per);
             for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-            float term = sigmoid_f32(d) * hn[t * width + ch];
+            float term = sigmoid_f32(d) * hn_at(t, ch);
             for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
             sum = term;
         } else {
             for (long s = 0; s < streams; s++) {
                 const long ch = s * hid + c;
                 const float gate = sigmoid_f32(warp_sum(lane_dot(act + t * rank, up + ch * rank, rank, lane)));
-                sum += gate * hn[t * width + ch];
+                sum += gate * hn_at(t, ch);
             }
         }
         if (lane == 0) y[o] = sum / (float)streams;
     }
 }
+
+template <typename W>
+__device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const float* act, const W* up, long rows,
+                                            long streams, long hid, long rank) {
+    const long width = streams * hid;
+    hc_mix_gate_with<W>(y, [&](long t, long ch) { return hn[t * width + ch]; }, act, up, rows, streams, hid, rank);
+}
+
+// hc_read (`ops::hyper::hc_read`): the hyper-connection read with its RMS norm folded in, in two
+// kernels instead of four (norm, mix's two, inject). hn = h * inv_s * (1 + w) is never stored:
+//   hc_read_act:  block (o, t) first takes the C inverse RMS of row t (block sums over h), then
+//                 o < R: act[t, o] = silu(hn·down[o] / C); o ≥ R: inj[t, o - R] = 2 sigmoid(hn·inject[o - R] / C);
+//                 block (0, t) also stores the inverse RMS for the gate kernel;
+//   hc_read_gate: as hc_mix_gate, forming hn from h, the stored inverse RMS and w.
+#define HC_MAX_STREAMS 32
+
+__device__ __forceinline__ float hc_norm_weight(const float* w, long ch, long hid, long w_len) {
+    return 1.0f + (w_len == hid ? w[ch % hid] : w[ch % w_len]);
+}
+
+// Writes act[t, o] (o < R) or inj[t, o - R] from the dot product d over the normalised row.
+__device__ __forceinline__ void hc_read_store(float* act, float* inj, long t, long o, long rank, long streams,
+                                              float d) {
+    if (o < rank)
+        act[t * rank + o] = silu_f32(d / (float)streams);
+    else
+        inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
+}
+
+// C streams known at compile time (the real model's 4), 16-byte loads: one pass over the row
+// takes, per stream s, the sum of squares of h and the partial dot Σ h·(1 + w)·row, so that
+// every load is issued in one loop and the block reduces once; d = Σ_s inv_s · partial_s (the
+// reference rounds hn = h·inv·(1 + w) first: the same value up to rounding).
+template <typename W, int C>
+__device__ __forceinline__ void hc_read_act_fixed(float* act, float* inj, float* inv_out, const float* ht,
+                                                  const float* w, const W* row, long width, long rank,
+                                                  long w_len, float eps) {
+    constexpr int N = WeightVec<W>::N;
+    __shared__ float part[2][C][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const long t = blockIdx.y, o = blockIdx.x, hid = width / C, chunks = width / N, per = hid / N;
+    float p[C], ss[C];
+#pragma unroll
+    for (int q = 0; q < C; q++) p[q] = ss[q] = 0.0f;
+#pragma unroll 4
+    for (long i = threadIdx.x; i < chunks; i += blockDim.x) {
+        float wv[N], hv[N], nv[N];
+        WeightVec<W>::chunk(row, i, wv);
+        act_chunk<N>(ht, i, hv);
+        act_chunk<N>(w, w_len == width ? i : i % per, nv);
+        float dp = 0.0f, dss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            dp += hv[j] * (1.0f + nv[j]) * wv[j];
+            dss += hv[j] * hv[j];
+        }
+        const int s = (int)(i / per);
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            if (q == s) {
+                p[q] += dp;
+                ss[q] += dss;
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < C; q++) {
+        const float a = warp_sum(p[q]), b = warp_sum(ss[q]);
+        if (lane == 0) {
+            part[0][q][warp] = a;
+            part[1][q][warp] = b;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float d = 0.0f;
+#pragma unroll
+        for (int q = 0; q < C; q++) {
+            const float pq = warp_sum(lane < warps ? part[0][q][lane] : 0.0f);
+            const float sq = warp_sum(lane < warps ? part[1][q][lane] : 0.0f);
+            const float inv = rsqrtf(sq / (float)hid + eps);
+            d += inv * pq;
+            if (o == 0 && lane == 0) inv_out[t * C + q] = inv;
+        }
+        if (lane == 0) hc_read_store(act, inj, t, o, rank, C, d);
+    }
+}
+
+// Any stream count, any alignment: the inverse RMS first (a block sum per stream), then the dot.
+template <typename W>
+__device__ __forceinline__ void hc_read_act_general(float* act, float* inj, float* inv_out, const float* ht,
+                                                    const float* w, const W* row, long streams, long width,
+                                                    long rank, long w_len, float eps) {
+    __shared__ float inv_s[HC_MAX_STREAMS];
+    const long t = blockIdx.y, o = blockIdx.x, hid = width / streams;
+    for (long s = 0; s < streams; s++) {
+        float ss = 0.0f;
+        for (long c = threadIdx.x; c < hid; c += blockDim.x) ss += ht[s * hid + c] * ht[s * hid + c];
+        ss = block_sum(ss);
+        if (threadIdx.x == 0) inv_s[s] = rsqrtf(ss / (float)hid + eps);
+    }
+    __syncthreads();
+    if (o == 0 && threadIdx.x < streams) inv_out[t * streams + threadIdx.x] = inv_s[threadIdx.x];
+    float acc = 0.0f;
+    for (long ch = threadIdx.x; ch < width; ch += blockDim.x)
+        acc += ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len) * WeightVec<W>::one(row, ch);
+    const float d = block_sum(acc);
+    if (threadIdx.x == 0) hc_read_store(act, inj, t, o, rank, streams, d);
+}
+
+template <typename W>
+__device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_out, const float* h, const float* w,
+                                            const W* down, const W* inject, long streams, long width, long rank,
+                                            long w_len, float eps) {
+    constexpr int N = WeightVec<W>::N;
+    const long t = blockIdx.y, o = blockIdx.x;
+    const float* ht = h + t * width;
+    const W* row = o < rank ? down + o * width : inject + (o - rank) * width;
+    const bool fixed = streams == 4 && (width / 4) % N == 0 && (w_len == width || w_len == width / 4) &&
+                       aligned16(ht) && aligned16(w) && aligned16(row);
+    if (fixed)
+        hc_read_act_fixed<W, 4>(act, inj, inv_out, ht, w, row, width, rank, w_len, eps);
+    else
+        hc_read_act_general<W>(act, inj, inv_out, ht, w, row, streams, width, rank, w_len, eps);
+}
+
+#define HC_READ_KERNELS(W, SUFFIX)                                                                            \
+    extern "C" __global__ void hc_read_act_##SUFFIX(float* act, float* inj, float* inv_out, const float* h,   \
+                                                    const float* w, const W* down, const W* inject,           \
+                                                    long streams, long width, long rank, long w_len,          \
+                                                    float eps) {                                              \
+        prefetch_weights(blockIdx.x < rank ? (const void*)(down + blockIdx.x * width)                        \
+                                           : (const void*)(inject + (blockIdx.x - rank) * width),            \
+                         width * (long)sizeof(W));                                                            \
+        wait_for_producers();                                                                                 \
+        hc_read_act<W>(act, inj, inv_out, h, w, down, inject, streams, width, rank, w_len, eps);              \
+    }                                                                                                         \
+    extern "C" __global__ void hc_read_gate_##SUFFIX(float* y, const float* h, const float* inv,             \
+                                                     const float* w, const float* act, const W* up, long rows, \
+                                                     long streams, long hid, long rank, long w_len) {         \
+        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
+        if (threadIdx.x < streams && c0 < hid)                                                                \
+            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
+                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        wait_for_producers();                                                                                 \
+        const long width = streams * hid;                                                                     \
+        hc_mix_gate_with<W>(                                                                                  \
+            y,                                                                                                \
+            [&](long t, long ch) {                                                                            \
+                return h[t * width + ch] * inv[t * streams + ch / hid] * hc_norm_weight(w, ch, hid, w_len);   \
+            },                                                                                                \
+            act, up, rows, streams, hid, rank);                                                               \
+    }
+
+HC_READ_KERNELS(float, f32)
+HC_READ_KERNELS(bf16_t, bf16)
 
 #define HC_KERNELS(W, SUFFIX)                                                                                        \
     extern "C" __global__ void hc_mix_act_warp_##SUFFIX(float* act, const float* hn, const W* down, long rows,       \

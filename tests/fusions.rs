@@ -182,6 +182,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "sigmoid_gated_add",
             "linear_hc_write",
             "moe_shared_write",
+            "hc_read",
         ] {
             assert!(
                 counts[name] > 0,

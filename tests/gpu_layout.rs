@@ -179,6 +179,28 @@ fn layout_kernels_match_the_cpu_reference() {
                 &get(&gpu, &layout::hc_inject(&gpu, &dhn, &di, rows, c).unwrap()),
                 &hyper::hc_inject(&hn, &ri, rows, c),
             );
+            // The fused read with its RMS norm, `hn` taken as the raw residual h: a norm weight
+            // per channel of every stream (C*H) and one shared by the streams (H).
+            for norm_len in [width, h] {
+                let norm = random(&mut rng, norm_len);
+                let dnorm = gpu.upload(&norm, "norm").unwrap();
+                let (x, inj) =
+                    layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6).unwrap();
+                let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, &ri, rows, c, 1e-6);
+                let sn = format!("{s} norm{norm_len}");
+                report.check(
+                    &format!("hc_read_gate_{} x", dtype(bf16)),
+                    &sn,
+                    &get(&gpu, &x),
+                    &wx,
+                );
+                report.check(
+                    &format!("hc_read_act_{} inj", dtype(bf16)),
+                    &sn,
+                    &get(&gpu, &inj),
+                    &winj,
+                );
+            }
         }
     }
 

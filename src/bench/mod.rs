@@ -303,6 +303,7 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
         "linear_hc_write",
         "linear_group",
         "moe_shared_write",
+        "hc_read",
     ];
     match &node.op {
         Op::MoeExperts { experts, .. } => {

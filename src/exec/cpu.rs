@@ -471,6 +471,16 @@ fn exec_node(
             let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
             one(rows, linear::sigmoid_gated_add(x, &w[0].data, b, a, rows))
         }
+        Op::HcRead { streams } => {
+            let (h, rows) = inputs[0].f32();
+            let (x, inj) = hyper::hc_read(
+                h, &w[0].data, &w[1].data, &w[2].data, &w[3].data, rows, *streams, eps,
+            );
+            Ok(vec![
+                Val::F32 { rows, data: x },
+                Val::F32 { rows, data: inj },
+            ])
+        }
         Op::HcInject { streams } => {
             let (hn, rows) = inputs[0].f32();
             one(rows, hyper::hc_inject(hn, &w[0].data, rows, *streams))

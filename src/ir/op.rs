@@ -154,6 +154,12 @@ pub enum Op<D> {
     HcMix {
         streams: D,
     },
+    /// Fused hyper-connection read: `hn = rms_norm(h)` per stream (unit offset) feeding both
+    /// `HcMix` and `HcInject`, in one node with two outputs `x [T, H]` and `inj [T, C]`: arg
+    /// `h [T, C*H]`; weights `norm [C*H or H]`, `down [R, C*H]`, `up [C*H, R]`, `inject [C, C*H]`.
+    HcRead {
+        streams: D,
+    },
     /// Fused injection gate: `2 * sigmoid(hn·Winjᵀ / C)`.
     HcInject {
         streams: D,
@@ -223,6 +229,7 @@ impl<D> Op<D> {
             Op::SwigluLinear => "swiglu_linear",
             Op::HcMix { .. } => "hc_mix",
             Op::HcInject { .. } => "hc_inject",
+            Op::HcRead { .. } => "hc_read",
             Op::SigmoidGatedAdd => "sigmoid_gated_add",
             Op::LinearHcWrite { .. } => "linear_hc_write",
             Op::LinearGroup { .. } => "linear_group",
@@ -241,7 +248,9 @@ impl<D> Op<D> {
     /// `None` for an op whose output count is one of its dimensions (`LinearGroup`'s parts).
     pub fn num_outputs(&self) -> Option<usize> {
         match self {
-            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } => Some(2),
+            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } | Op::HcRead { .. } => {
+                Some(2)
+            }
             Op::LinearGroup { .. } => None,
             _ => Some(1),
         }
@@ -360,6 +369,9 @@ impl<D> Op<D> {
                 streams: f(streams)?,
             },
             Op::HcInject { streams } => Op::HcInject {
+                streams: f(streams)?,
+            },
+            Op::HcRead { streams } => Op::HcRead {
                 streams: f(streams)?,
             },
             Op::SigmoidGatedAdd => Op::SigmoidGatedAdd,

@@ -125,6 +125,10 @@ pub struct Fusion {
     /// Pattern nodes; the last one is the pattern's output. Arguments starting with `$` are
     /// pattern variables bound to values outside the pattern; others name earlier pattern nodes.
     pub pattern: Vec<PatternNode>,
+    /// Pattern nodes whose values the fused node produces, in its output order (their values
+    /// may be used outside the match). Default: the last pattern node alone.
+    #[serde(default)]
+    pub outputs: Vec<String>,
     pub replace: Replacement,
     /// Programs the fusion applies to: any of these predicates (as in rules.ron); empty = all.
     /// (A fused kernel can lose to the unfused chain for some shapes, e.g. a matrix-vector

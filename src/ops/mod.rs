@@ -36,7 +36,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gdn_recurrence" | "gated_rms_norm" | "split_q_gate" | "rope" | "indexer_select"
         | "attention" | "moe_router" | "ple_ngram_ids" | "ple_gate" | "last_row" | "hc_mix"
         | "hc_inject" | "swiglu_linear" | "sigmoid_gated_add" | "linear_hc_write"
-        | "linear_group" | "moe_shared_write" => &["reference"],
+        | "linear_group" | "moe_shared_write" | "hc_read" => &["reference"],
         _ => &[],
     }
 }

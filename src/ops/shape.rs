@@ -305,6 +305,24 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w / streams)
         }
+        Op::HcRead { streams } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 4)?;
+            let w = f32_input(inputs[0], "h")?;
+            check(*streams > 0 && w % streams == 0, || {
+                format!("width {w} is not a multiple of {streams} streams")
+            })?;
+            let r = weights[1].first().copied().unwrap_or(0);
+            check(
+                weights[0] == vec![w] || weights[0] == vec![w / streams],
+                || format!("norm weight {:?}", weights[0]),
+            )?;
+            check(weights[1] == vec![r, w] && weights[2] == vec![w, r], || {
+                "down/up".into()
+            })?;
+            check(weights[3] == vec![*streams, w], || "inject weight".into())?;
+            Ok(vec![(F32, w / streams), (F32, *streams)])
+        }
         Op::LinearHcWrite { streams } => {
             expect_inputs(inputs, 3)?;
             expect_weights(weights, 1)?;

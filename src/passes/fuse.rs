@@ -2,10 +2,14 @@
 //!
 //! A pattern is matched backwards from its last node (the output): each non-`$` argument must be
 //! produced by the pattern node it names, `$` arguments bind outside values (the same variable must
-//! bind the same value everywhere), weight variables bind weights likewise. Values produced inside
-//! a match may not be used outside it. The fused node takes the output node's name and outputs, and
-//! its position, which is valid because every outside input is produced before the pattern's first
-//! node.
+//! bind the same value everywhere), weight variables bind weights likewise. Pattern nodes that the
+//! walk back from the last one does not reach (a second output reading a shared intermediate,
+//! as the hyper-connection read's `x` and `inj` both read `hn`) are then bound among the consumers
+//! of the nodes already bound. Values produced inside a match may not be used outside it, except
+//! the values of the pattern's `outputs` (default: the last node). The fused node takes the first
+//! output node's name, the outputs' values, and the position of the match's last node in program
+//! order: every outside input is produced before the node that reads it, so before that position,
+//! and a match whose output is read outside before that position is refused.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,8 +63,8 @@ pub fn run(
             let found = (start..program.nodes.len()).find_map(|i| {
                 try_match(program, fusion, &exact, i, &producers, &consumers).map(|m| (i, m))
             });
-            let Some((i, m)) = found else { break };
-            apply(program, fusion, &replace_op, i, m);
+            let Some((_, m)) = found else { break };
+            apply(program, fusion, &replace_op, m);
             fired += 1;
             start = 0;
         }
@@ -97,6 +101,11 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
                     p.op
                 )));
             }
+        }
+    }
+    for o in &f.outputs {
+        if !ids.contains(&o.as_str()) {
+            return Err(err(format!("output `{o}` is no pattern node")));
         }
     }
     let vars: Vec<&String> = f
@@ -156,15 +165,43 @@ fn try_match(
     if !bind(program, fusion, exact, np - 1, out_node, producers, &mut m) {
         return None;
     }
-    if m.nodes.contains(&usize::MAX) {
-        return None;
+    // Pattern nodes not reached from the last one: among the consumers of bound nodes.
+    while let Some(pi) = (0..np).find(|&pi| m.nodes[pi] == usize::MAX) {
+        let bound: Vec<&str> = m
+            .nodes
+            .iter()
+            .filter(|&&k| k != usize::MAX)
+            .flat_map(|&k| program.nodes[k].outputs.iter().map(|o| o.as_str()))
+            .collect();
+        let found = program.nodes.iter().enumerate().find_map(|(ni, node)| {
+            if m.nodes.contains(&ni) || !node.inputs.iter().any(|i| bound.contains(&i.as_str())) {
+                return None;
+            }
+            let mut trial = Match {
+                nodes: m.nodes.clone(),
+                vars: m.vars.clone(),
+            };
+            bind(program, fusion, exact, pi, ni, producers, &mut trial).then_some(trial)
+        });
+        m = found?;
     }
-    // Intermediate values must be used only inside the match.
+    let outputs = output_ids(fusion);
+    let last = *m.nodes.iter().max()?;
     for (pi, &ni) in m.nodes.iter().enumerate() {
-        if pi == np - 1 {
-            continue;
-        }
+        let is_output = outputs.contains(&fusion.pattern[pi].id.as_str());
         for o in &program.nodes[ni].outputs {
+            if is_output {
+                // Read outside only after the fused node's position.
+                let early = program.nodes[..last]
+                    .iter()
+                    .enumerate()
+                    .any(|(k, n)| !m.nodes.contains(&k) && n.inputs.contains(o));
+                if early {
+                    return None;
+                }
+                continue;
+            }
+            // Intermediate values must be used only inside the match.
             if *o == program.output {
                 return None;
             }
@@ -183,6 +220,15 @@ fn try_match(
     distinct.sort_unstable();
     distinct.dedup();
     (distinct.len() == np).then_some(m)
+}
+
+/// The pattern ids whose values the fused node produces, in order.
+fn output_ids(fusion: &Fusion) -> Vec<&str> {
+    if fusion.outputs.is_empty() {
+        vec![fusion.pattern.last().map_or("", |p| p.id.as_str())]
+    } else {
+        fusion.outputs.iter().map(|o| o.as_str()).collect()
+    }
 }
 
 fn bind(
@@ -246,10 +292,22 @@ fn bind_var(m: &mut Match, var: &str, value: &str) -> bool {
     }
 }
 
-fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, out_node: usize, m: Match) {
-    let out = &program.nodes[out_node];
+fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, m: Match) {
+    let outputs = output_ids(fusion);
+    let out_nodes: Vec<usize> = outputs
+        .iter()
+        .map(|o| {
+            let pi = fusion
+                .pattern
+                .iter()
+                .position(|p| p.id == *o)
+                .expect("checked by check_fusion");
+            m.nodes[pi]
+        })
+        .collect();
+    let at = *m.nodes.iter().max().expect("a match has nodes");
     let fused = Node {
-        name: out.name.clone(),
+        name: program.nodes[out_nodes[0]].name.clone(),
         op: op.clone(),
         inputs: fusion
             .replace
@@ -257,7 +315,10 @@ fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, out_node: usize
             .iter()
             .map(|a| m.vars[a].clone())
             .collect(),
-        outputs: out.outputs.clone(),
+        outputs: out_nodes
+            .iter()
+            .flat_map(|&k| program.nodes[k].outputs.clone())
+            .collect(),
         weights: fusion
             .replace
             .weights
@@ -273,11 +334,11 @@ fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, out_node: usize
     let dead_values: Vec<String> = m
         .nodes
         .iter()
-        .filter(|&&k| k != out_node)
+        .filter(|k| !out_nodes.contains(k))
         .flat_map(|&k| program.nodes[k].outputs.clone())
         .collect();
-    program.nodes[out_node] = fused;
-    let mut remove: Vec<usize> = m.nodes.into_iter().filter(|&k| k != out_node).collect();
+    program.nodes[at] = fused;
+    let mut remove: Vec<usize> = m.nodes.into_iter().filter(|&k| k != at).collect();
     remove.sort_unstable_by(|a, b| b.cmp(a));
     for k in remove {
         program.nodes.remove(k);

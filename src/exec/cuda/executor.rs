@@ -189,11 +189,13 @@ fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
 }
 
 /// Whether weight `index` of an op of kind `kind` is a matrix: every weight of `MATRIX_OPS`,
-/// and the down projection of `moe_shared_write` (its gate weight stays the f32 vector that the
-/// unfused `sigmoid_gated_add` of longer steps reads).
+/// the down projection of `moe_shared_write` (its gate weight stays the f32 vector that the
+/// unfused `sigmoid_gated_add` of longer steps reads) and the projections of `hc_read`.
 fn is_matrix_weight(kind: &str, index: usize) -> bool {
     match kind {
         "moe_shared_write" => index == 0,
+        // The norm weight is a vector (as for the unfused rms_norm of longer steps).
+        "hc_read" => index != 0,
         k => MATRIX_OPS.contains(&k),
     }
 }
@@ -790,6 +792,21 @@ fn launch_node<'v>(
                 _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
             };
             vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::HcRead { streams } => {
+            let (h, rows) = arg(0).f32();
+            let (x, inj) = layout::hc_read(
+                gpu,
+                h,
+                weights.vector(w(0))?,
+                weights.matrix(w(1))?,
+                weights.matrix(w(2))?,
+                weights.matrix(w(3))?,
+                rows,
+                *streams,
+                eps,
+            )?;
+            vec![DVal::F32 { rows, buf: x }, DVal::F32 { rows, buf: inj }]
         }
         Op::MoeSharedWrite { streams } => {
             let (h, rows) = arg(0).f32();

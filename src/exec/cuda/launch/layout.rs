@@ -312,6 +312,113 @@ pub fn hc_mix(
     Ok(y)
 }
 
+/// The fused hyper-connection read (`ops::hyper::hc_read`): for each row of `h [rows, C*H]`,
+/// `x = hc_mix(hn)` and `inj = hc_inject(hn)` with `hn` the per-stream RMS norm of `h` (unit
+/// offset, weight `norm [C*H or H]`), never stored: a kernel for the C inverse RMS, the R mix
+/// activations and the C gains (a block per activation or gain and row), and the mix's gate.
+#[allow(clippy::too_many_arguments)]
+pub fn hc_read(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    norm: &CudaSlice<f32>,
+    down: &DeviceMatrix,
+    up: &DeviceMatrix,
+    inject: &DeviceMatrix,
+    rows: usize,
+    streams: usize,
+    eps: f32,
+) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
+    let act_name = down.kernel("hc_read_act");
+    let gate_name = down.kernel("hc_read_gate");
+    let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
+    let same = |a: &DeviceMatrix, b: &DeviceMatrix| {
+        matches!(
+            (a, b),
+            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
+                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
+        )
+    };
+    let width = h.len().checked_div(rows).unwrap_or(0);
+    let rank = down.len().checked_div(width).unwrap_or(0);
+    let hid = width.checked_div(streams).unwrap_or(0);
+    shape(
+        kernel,
+        same(down, up)
+            && same(down, inject)
+            && rows > 0
+            && rows < 65_536
+            && (1..=32).contains(&streams)
+            && hid > 0
+            && h.len() == rows * width
+            && width == streams * hid
+            && rank > 0
+            && rank + streams <= MAX_BLOCKS
+            && down.len() == rank * width
+            && up.len() == width * rank
+            && inject.len() == streams * width
+            && (norm.len() == width || norm.len() == hid),
+        || {
+            format!(
+                "h {} values for {rows} rows of {streams} streams; norm {}, down {}, up {}, inject {} \
+                 values (want [C*H or H], [R, C*H], [C*H, R], [C, C*H] of one type)",
+                h.len(),
+                norm.len(),
+                down.len(),
+                up.len(),
+                inject.len()
+            )
+        },
+    )?;
+    let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
+    let mut inv = gpu.scratch::<f32>(rows * streams, act_kernel)?;
+    let mut x = gpu.output::<f32>(rows * hid, kernel)?;
+    let mut inj = gpu.output::<f32>(rows * streams, act_kernel)?;
+    let (s64, w64, r64, h64, rows64, wl64) = (
+        streams as i64,
+        width as i64,
+        rank as i64,
+        hid as i64,
+        rows as i64,
+        norm.len() as i64,
+    );
+    let f = gpu.function(FILE, act_kernel)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *act)
+        .arg(&mut *inj)
+        .arg(&mut *inv)
+        .arg(h)
+        .arg(norm);
+    arg_matrix(&mut b, down);
+    arg_matrix(&mut b, inject);
+    b.arg(&s64).arg(&w64).arg(&r64).arg(&wl64).arg(&eps);
+    let cfg = LaunchConfig {
+        grid_dim: ((rank + streams) as u32, rows as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: shapes checked above; block (o, t) writes act[t, o] or inj[t, o - R], block (0, t)
+    // the C inverse RMS of row t; 16-byte loads only where the widths and addresses allow.
+    launched(act_kernel, unsafe { b.launch(cfg) })?;
+    const WARPS: usize = 8;
+    let f = gpu.function(FILE, kernel)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *x).arg(h).arg(&*inv).arg(norm).arg(&*act);
+    arg_matrix(&mut b, up);
+    b.arg(&rows64).arg(&s64).arg(&h64).arg(&r64).arg(&wl64);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            (rows * hid).div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32,
+            1,
+            1,
+        ),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: a warp per (row, channel) over rows*hid outputs; act holds rows*R, inv rows*C.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok((x, inj))
+}
+
 /// Hyper-connection injection gains (`ops::hyper::hc_inject`): `2 * sigmoid(hn·wᵀ / C)`,
 /// `hn [rows, streams*H]`, `w [streams, streams*H]` → `[rows, streams]`. One warp per gain.
 pub fn hc_inject(
