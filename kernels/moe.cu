@@ -466,22 +466,25 @@ __device__ __forceinline__ float down_share(const W* dr, const float* ar, long i
 }
 
 // y [tokens, hidden]; act [tokens * top_k, inter]; ids, w [tokens, top_k]; down [experts, hidden, inter].
-// One warp per (token t, output row r). The warp splits into 32/lanes groups of `lanes` lanes
-// (a power of 2), one slot each, DOWN_PASSES such passes at once (up to DOWN_PASSES * DOWN_BATCH
-// loads in flight per lane); then, as the reference, y = ((0 + w0*d0) + w1*d1) + ... in slot
-// order with no fused multiply-add. An id outside [0, experts) makes the row NaN.
+// One block per (token t, output row r). A warp splits into 32/lanes groups of `lanes` lanes (a
+// power of 2), one slot each, DOWN_PASSES such passes at once (up to DOWN_PASSES * DOWN_BATCH
+// loads in flight per lane): a round of 32/lanes * DOWN_PASSES slots. The block's warps take the
+// rounds (warp w: rounds w, w + warps, ...; the launcher gives one round a warp), so all of a
+// row's slots are read at once; each slot's dot product lands in shared memory, and then, as the
+// reference, y = ((0 + w0*d0) + w1*d1) + ... in slot order with no fused multiply-add. An id
+// outside [0, experts) makes the row NaN. Dynamic shared memory: top_k floats.
 template <typename W>
 __device__ __forceinline__ void experts_down(float* y, const float* act, const long long* ids, const float* w,
                                              const W* down, long tokens, int top_k, long hidden, long inter,
                                              long experts, int lanes) {
-    const int lane = threadIdx.x & 31;
+    extern __shared__ float slot_dot[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int group = lane / lanes, sl = lane % lanes, per_pass = 32 / lanes;
-    const long warps_per_block = blockDim.x >> 5;
+    const int per_round = per_pass * DOWN_PASSES;
     const long units = tokens * hidden;
-    for (long u = blockIdx.x * warps_per_block + (threadIdx.x >> 5); u < units; u += gridDim.x * warps_per_block) {
+    for (long u = blockIdx.x; u < units; u += gridDim.x) {
         const long t = u / hidden, r = u - t * hidden;
-        float acc = 0.0f;
-        for (int j0 = 0; j0 < top_k; j0 += per_pass * DOWN_PASSES) {
+        for (int j0 = warp * per_round; j0 < top_k; j0 += warps * per_round) {
             float d[DOWN_PASSES];
 #pragma unroll
             for (int p = 0; p < DOWN_PASSES; p++) {
@@ -499,14 +502,17 @@ __device__ __forceinline__ void experts_down(float* y, const float* act, const l
 #pragma unroll
             for (int p = 0; p < DOWN_PASSES; p++) {
                 for (int off = lanes >> 1; off > 0; off >>= 1) d[p] += __shfl_xor_sync(MOE_FULL_MASK, d[p], off);
-                for (int q = 0; q < per_pass; q++) {
-                    const float dq = __shfl_sync(MOE_FULL_MASK, d[p], q * lanes);
-                    const int j = j0 + p * per_pass + q;
-                    if (j < top_k) acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], dq));
-                }
+                const int j = j0 + p * per_pass + group;
+                if (sl == 0 && j < top_k) slot_dot[j] = d[p];
             }
         }
-        if (lane == 0) y[u] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float acc = 0.0f;
+            for (int j = 0; j < top_k; j++) acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], slot_dot[j]));
+            y[u] = acc;
+        }
+        __syncthreads();  // slot_dot is rewritten for the next row
     }
 }
 

@@ -23,6 +23,8 @@ const ROUTER_SEL_WARPS: usize = 4;
 pub const ROUTER_WINDOW: i32 = 64;
 /// Warps per block of the expert kernels (small blocks: even work over the SMs).
 const EXPERT_WARPS: usize = 4;
+/// Slot passes a warp of the down kernel runs at once (`DOWN_PASSES` in kernels/moe.cu).
+const DOWN_PASSES: usize = 2;
 /// 16-byte chunks per slot a lane loads at once in the down kernel (`DOWN_BATCH`).
 const DOWN_BATCH: usize = 5;
 
@@ -223,9 +225,10 @@ fn expert_shapes(
 /// `down [E, hidden, intermediate]`; f32 or bf16 weights (each matrix picks its own kernel).
 /// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
 ///
-/// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane;
-/// down, one warp per (token, output row), its slots read a few at once (`down_lanes`), summed in
-/// slot order as the reference. Blocks of 4 warps, so that the work is even over the SMs.
+/// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane
+/// (blocks of 4 warps, so that the work is even over the SMs); down, one block per (token,
+/// output row) whose warps read all of its slots at once (a few a warp: `down_lanes`), summed in
+/// slot order as the reference.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts(
     gpu: &Gpu,
@@ -256,6 +259,9 @@ pub fn moe_experts(
         hidden,
         intermediate,
     )?;
+    shape(down_kernel, top_k <= 4096, || {
+        format!("top {top_k}: the down kernel keeps at most 4096 slot products a row")
+    })?;
     let slots = rows * top_k;
     let (s64, t64, k32, h64, int64, e64) = (
         slots as i64,
@@ -296,14 +302,13 @@ pub fn moe_experts(
         DeviceMatrix::Bf16(_) => 8,
     };
     let lanes = down_lanes(intermediate, chunk) as i32;
+    // A block per output row, a warp per round of slots (`experts_down` in kernels/moe.cu).
+    let per_round = (32 / lanes as usize) * DOWN_PASSES;
+    let warps = top_k.div_ceil(per_round).clamp(1, 8);
     let cfg = LaunchConfig {
-        grid_dim: (
-            (rows * hidden).div_ceil(EXPERT_WARPS).min(65_535 * 8) as u32,
-            1,
-            1,
-        ),
-        block_dim,
-        shared_mem_bytes: 0,
+        grid_dim: ((rows * hidden).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: ((warps * 32) as u32, 1, 1),
+        shared_mem_bytes: (top_k * 4) as u32,
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
