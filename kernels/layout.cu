@@ -412,13 +412,16 @@ __device__ __forceinline__ void swiglu_linear(float* y, const float* x, const W*
 }
 
 // One token (decode): a block per output row, so that the 640 rows of the shared expert still
-// put every multiprocessor's loads in flight (a warp per row left most SMs idle).
+// put every multiprocessor's loads in flight (a warp per row left most SMs idle); the gate and up
+// rows are read in the same round.
 template <typename W>
 __device__ __forceinline__ void swiglu_linear_block(float* y, const float* x, const W* wg, const W* wu, long k,
                                                     long n) {
     for (long r = blockIdx.x; r < n; r += gridDim.x) {
-        const float g = block_dot(x, wg + r * k, k);
-        const float u = block_dot(x, wu + r * k, k);
+        float g, u;
+        strided_dot2(x, wg + r * k, wu + r * k, k, threadIdx.x, blockDim.x, g, u);
+        g = block_sum(g);
+        u = block_sum(u);
         if (threadIdx.x == 0) y[r] = silu_f32(g) * u;
     }
 }

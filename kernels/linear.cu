@@ -300,7 +300,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
 
 // Loads in flight per thread: U chunks of each of the G rows (about four in all).
 #define GROUP_KERNELS(G, U, W, SUFFIX)                                                                       \
-    extern "C" __global__ void linear_group1_g##G##_##SUFFIX(float* y, const float* x, const W* w, long k,     \
+    extern "C" __global__ void linear_group1_g##G##u##U##_##SUFFIX(float* y, const float* x, const W* w, long k,     \
                                                               long n) {                                       \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
@@ -308,7 +308,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
             if ((threadIdx.x & 31) == 0) y[r] = s;                                                            \
         });                                                                                                   \
     }                                                                                                         \
-    extern "C" __global__ void linear_hc_write_group1_g##G##_##SUFFIX(                                        \
+    extern "C" __global__ void linear_hc_write_group1_g##G##u##U##_##SUFFIX(                                        \
         float* out, const float* h, const float* inj, const float* x, const W* w, long k, long n, int streams) { \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
@@ -318,6 +318,8 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
         });                                                                                                   \
     }
 
+// (G, U): G rows a block, U chunks of each row in flight per thread. (U = 3, which takes a row of
+// k = 6144 in one round, measured no faster than these: results/2026-11-30-bench-sweep-group-loads.log.)
 GROUP_KERNELS(1, 4, float, f32)
 GROUP_KERNELS(2, 2, float, f32)
 GROUP_KERNELS(4, 1, float, f32)

@@ -92,6 +92,55 @@ __device__ __forceinline__ float strided_dot(const float* a, const W* w, long n,
     return acc;
 }
 
+// This thread's shares of a·w0 and a·w1 over n values (chunks first, first + stride, ...): the
+// chunks of both rows and of a loaded together, two of each row in flight, so that two dot
+// products over one vector take one round of loads instead of two.
+template <typename W>
+__device__ __forceinline__ void strided_dot2(const float* a, const W* w0, const W* w1, long n, long first, long stride,
+                                             float& d0, float& d1) {
+    constexpr int N = WeightVec<W>::N;
+    d0 = 0.0f;
+    d1 = 0.0f;
+    if (n % N == 0 && aligned16(a) && aligned16(w0) && aligned16(w1)) {
+        const long chunks = n / N;
+        long i = first;
+        for (; i + stride < chunks; i += 2 * stride) {
+            float u[2][N], v[2][N];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                WeightVec<W>::chunk(w0, i + q * stride, u[q]);
+                WeightVec<W>::chunk(w1, i + q * stride, v[q]);
+            }
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                float x[N];
+                act_chunk<N>(a, i + q * stride, x);
+#pragma unroll
+                for (int j = 0; j < N; j++) {
+                    d0 += x[j] * u[q][j];
+                    d1 += x[j] * v[q][j];
+                }
+            }
+        }
+        for (; i < chunks; i += stride) {
+            float u[N], v[N], x[N];
+            WeightVec<W>::chunk(w0, i, u);
+            WeightVec<W>::chunk(w1, i, v);
+            act_chunk<N>(a, i, x);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                d0 += x[j] * u[j];
+                d1 += x[j] * v[j];
+            }
+        }
+    } else {
+        for (long i = first; i < n; i += stride) {
+            d0 += a[i] * WeightVec<W>::one(w0, i);
+            d1 += a[i] * WeightVec<W>::one(w1, i);
+        }
+    }
+}
+
 // One lane's share of a·w (to be reduced with warp_sum).
 template <typename W>
 __device__ __forceinline__ float lane_dot(const float* a, const W* w, long n, int lane) {

@@ -517,7 +517,7 @@ fn shape_errors_name_the_kernel() {
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 2048, 3).expect_err("a shape error");
     // One token: few rows of a long k take a block per row, a short k a warp per row.
-    assert!(err.to_string().contains("linear_group1_g1_f32"), "{err}");
+    assert!(err.to_string().contains("linear_group1_g1u4_f32"), "{err}");
     let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 2000).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows1_f32"), "{err}");
     let x8 = gpu.upload(&[1.0f32; 20], "x").unwrap();

@@ -50,24 +50,27 @@ pub(crate) fn arg_matrix(b: &mut KernelLaunch<'_>, m: &DeviceMatrix) {
 pub enum OneToken {
     /// A warp per output row (`linear_rows1`, `linear_hc_write1`): few, long warps.
     WarpPerRow,
-    /// A block per `G` consecutive rows, every thread along k (`linear_group1_g{G}`,
-    /// `linear_hc_write_group1_g{G}`): many short blocks, so the last wave is not a partial one.
-    Group(usize),
+    /// A block per `rows` consecutive rows, every thread along k with `loads` chunks of each row
+    /// in flight (`linear_group1_g{rows}u{loads}`, `linear_hc_write_group1_g{rows}u{loads}`):
+    /// many short blocks, so the last wave is not a partial one.
+    Group { rows: usize, loads: usize },
+}
+
+/// The (rows, loads) pairs compiled in kernels/linear.cu (`GROUP_KERNELS`).
+const GROUPS: [(usize, usize); 3] = [(1, 4), (2, 2), (4, 1)];
+
+const fn group(rows: usize, loads: usize) -> OneToken {
+    OneToken::Group { rows, loads }
 }
 
 impl OneToken {
     /// Every variant, for the benchmark's sweep and the GPU tests.
-    pub const ALL: [OneToken; 4] = [
-        OneToken::WarpPerRow,
-        OneToken::Group(1),
-        OneToken::Group(2),
-        OneToken::Group(4),
-    ];
+    pub const ALL: [OneToken; 4] = [OneToken::WarpPerRow, group(1, 4), group(2, 2), group(4, 1)];
 
     pub fn name(self) -> String {
         match self {
             OneToken::WarpPerRow => "warp_per_row".into(),
-            OneToken::Group(g) => format!("group{g}"),
+            OneToken::Group { rows, loads } => format!("group{rows}x{loads}"),
         }
     }
 
@@ -91,11 +94,11 @@ impl OneToken {
     pub fn for_shape(n: usize, k: usize) -> OneToken {
         match (n, k) {
             (_, k) if k < 1024 => OneToken::WarpPerRow,
-            (_, k) if k >= 4096 => OneToken::Group(4),
-            (n, _) if n <= 512 => OneToken::Group(1),
-            (n, _) if n <= 4096 => OneToken::Group(2),
+            (_, k) if k >= 4096 => group(4, 1),
+            (n, _) if n <= 512 => group(1, 4),
+            (n, _) if n <= 4096 => group(2, 2),
             (n, _) if n <= 8192 => OneToken::WarpPerRow,
-            (n, _) if n <= 65_536 => OneToken::Group(2),
+            (n, _) if n <= 65_536 => group(2, 2),
             _ => OneToken::WarpPerRow,
         }
     }
@@ -104,7 +107,7 @@ impl OneToken {
     fn kernel(self, warp: &str, group: &str, w: &DeviceMatrix) -> String {
         match self {
             OneToken::WarpPerRow => w.kernel(warp),
-            OneToken::Group(g) => w.kernel(&format!("{group}_g{g}")),
+            OneToken::Group { rows, loads } => w.kernel(&format!("{group}_g{rows}u{loads}")),
         }
     }
 
@@ -112,7 +115,7 @@ impl OneToken {
     fn grid(self, n: usize) -> LaunchConfig {
         let blocks = match self {
             OneToken::WarpPerRow => n.div_ceil(8),
-            OneToken::Group(g) => n.div_ceil(g),
+            OneToken::Group { rows, .. } => n.div_ceil(rows),
         };
         LaunchConfig {
             grid_dim: (blocks.clamp(1, 65_535 * 8) as u32, 1, 1),
@@ -124,7 +127,10 @@ impl OneToken {
     fn check(self, kernel: &str) -> Result<(), CudaError> {
         shape(
             kernel,
-            matches!(self, OneToken::WarpPerRow | OneToken::Group(1 | 2 | 4)),
+            match self {
+                OneToken::WarpPerRow => true,
+                OneToken::Group { rows, loads } => GROUPS.contains(&(rows, loads)),
+            },
             || format!("no one-token variant {self:?}"),
         )
     }
@@ -272,7 +278,7 @@ pub fn linear_hc_write_with(
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(h).arg(inj).arg(x);
     arg_matrix(&mut b, w);
-    if !matches!(one_token, Some(OneToken::Group(_))) {
+    if !matches!(one_token, Some(OneToken::Group { .. })) {
         b.arg(&t32);
     }
     b.arg(&k64).arg(&n64).arg(&s32);
