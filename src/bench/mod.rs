@@ -15,6 +15,7 @@ use serde::Serialize;
 pub mod linear_sweep;
 
 use crate::error::{Error, Result};
+use crate::exec::cuda::executor::is_matrix_weight;
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
 use crate::ir::{LogitsMode, Node, Op, Phase, Program, StateKind};
@@ -295,16 +296,6 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
             .map(|w| w.shape.iter().product::<usize>() as u64)
             .unwrap_or(0)
     };
-    let matrix_ops = [
-        "linear",
-        "swiglu_linear",
-        "hc_mix",
-        "hc_inject",
-        "linear_hc_write",
-        "linear_group",
-        "moe_shared_write",
-        "hc_read",
-    ];
     match &node.op {
         Op::MoeExperts { experts, .. } => {
             let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;
@@ -322,8 +313,14 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
                 .unwrap_or(0) as u64;
             c.embedding_rows += ids * d * 2;
         }
-        op if matrix_ops.contains(&op.kind()) => {
-            for w in &node.weights {
+        // Matrices, read at their device width (bf16), as the executor stores them.
+        op if (0..node.weights.len()).any(|i| is_matrix_weight(op.kind(), i)) => {
+            for (_, w) in node
+                .weights
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| is_matrix_weight(op.kind(), i))
+            {
                 c.dense_weights += size(w) * 2;
             }
         }

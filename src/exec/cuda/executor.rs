@@ -191,7 +191,7 @@ fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
 /// Whether weight `index` of an op of kind `kind` is a matrix: every weight of `MATRIX_OPS`,
 /// the down projection of `moe_shared_write` (its gate weight stays the f32 vector that the
 /// unfused `sigmoid_gated_add` of longer steps reads) and the projections of `hc_read`.
-fn is_matrix_weight(kind: &str, index: usize) -> bool {
+pub fn is_matrix_weight(kind: &str, index: usize) -> bool {
     match kind {
         "moe_shared_write" => index == 0,
         // The norm weight is a vector (as for the unfused rms_norm of longer steps).

@@ -45,6 +45,29 @@ pub(crate) fn arg_matrix(b: &mut KernelLaunch<'_>, m: &DeviceMatrix) {
     };
 }
 
+/// The shared shape check of the linear launchers: `x [tokens, k]`, `W [n, k]`, and `more`.
+fn check_xw(
+    kernel: &str,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+    more: bool,
+) -> Result<(), CudaError> {
+    shape(
+        kernel,
+        x.len() == tokens * k && w.len() == n * k && more,
+        || {
+            format!(
+                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
+                x.len(),
+                w.len()
+            )
+        },
+    )
+}
+
 /// How a one-token (decode) linear layer spreads its matrix over the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OneToken {
@@ -151,17 +174,7 @@ pub fn linear_rows(
     }
     let kernel_name = w.kernel("linear_rows");
     let kernel = kernel_name.as_str();
-    shape(
-        kernel,
-        x.len() == tokens * k && w.len() == n * k && tokens > 0,
-        || {
-            format!(
-                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
-                x.len(),
-                w.len()
-            )
-        },
-    )?;
+    check_xw(kernel, x, w, tokens, k, n, tokens > 0)?;
     let f = gpu.function("linear.cu", kernel)?;
     let mut y = gpu.output::<f32>(tokens * n, kernel)?;
     let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
@@ -301,17 +314,7 @@ pub fn linear_tiled(
 ) -> Result<Buf<f32>, CudaError> {
     let kernel_name = w.kernel("linear_tiled");
     let kernel = kernel_name.as_str();
-    shape(
-        kernel,
-        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0,
-        || {
-            format!(
-                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
-                x.len(),
-                w.len()
-            )
-        },
-    )?;
+    check_xw(kernel, x, w, tokens, k, n, tokens > 0 && n > 0)?;
     shape(
         kernel,
         n.div_ceil(64) < 1 << 31 && tokens.div_ceil(64) < 65_536,
@@ -354,17 +357,7 @@ pub fn linear_mma(
         return linear_tiled(gpu, x, w, tokens, k, n);
     }
     let (kernel, bm, bn, threads) = ("linear_mma64_bf16", 64, 64, 128);
-    shape(
-        kernel,
-        x.len() == tokens * k && w.len() == n * k && tokens > 0 && n > 0 && k > 0,
-        || {
-            format!(
-                "x {} values for {tokens}x{k}, weight {} values for {n}x{k}",
-                x.len(),
-                w.len()
-            )
-        },
-    )?;
+    check_xw(kernel, x, w, tokens, k, n, tokens > 0 && n > 0 && k > 0)?;
     shape(
         kernel,
         tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
