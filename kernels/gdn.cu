@@ -37,6 +37,30 @@ extern "C" __global__ void causal_conv_window_f32(float* window, const float* x,
     }
 }
 
+// A few rows (decode): the convolution and the window's shift in one kernel, a thread per channel
+// over the rows in order (the same sums as causal_conv_reference_f32); the thread reads its
+// channel's old window rows before it overwrites them, and no other thread touches the channel.
+extern "C" __global__ void causal_conv_step_f32(float* y, float* window, const float* x, const float* w, long rows,
+                                                long width, int kernel, int dilation, int silu) {
+    wait_for_producers();
+    const long past = (long)(kernel - 1) * dilation;
+    GRID_STRIDE(c, width) {
+        for (long t = 0; t < rows; t++) {
+            float acc = 0.0f;
+            for (int j = 0; j < kernel; j++) {
+                const long r = past + t - (long)(kernel - 1 - j) * dilation;
+                const float v = r < past ? window[r * width + c] : x[(r - past) * width + c];
+                acc += w[c * kernel + j] * v;
+            }
+            y[t * width + c] = silu ? silu_f32(acc) : acc;
+        }
+        for (long p = 0; p < past; p++) {
+            const long r = rows + p;
+            window[p * width + c] = r < past ? window[r * width + c] : x[(r - past) * width + c];
+        }
+    }
+}
+
 // torch's softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 

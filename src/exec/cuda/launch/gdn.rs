@@ -8,6 +8,10 @@ use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 use crate::ops::gdn::GdnShape;
 
+/// Up to this many rows the convolution and the window's shift are one launch (a thread per
+/// channel); more rows take a thread per output value, then the shift.
+const STEP_ROWS: usize = 8;
+
 /// Causal depthwise convolution of `x [rows, width]` with `w [width, kernel]`; `window
 /// [(kernel-1)*dilation, width]` holds the previous inputs (oldest first) and is updated in place
 /// to the last `(kernel-1)*dilation` rows of `window ++ x`.
@@ -46,11 +50,30 @@ pub fn causal_conv(
             )
         },
     )?;
-    let f = gpu.function("gdn.cu", name)?;
     let n = rows * width;
-    let mut y = gpu.output::<f32>(n, name)?;
     let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
     let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
+    if rows <= STEP_ROWS {
+        // One launch: a thread per channel, its rows in order, then its window's shift.
+        let name = "causal_conv_step_f32";
+        let f = gpu.function("gdn.cu", name)?;
+        let mut y = gpu.output::<f32>(n, name)?;
+        let mut b = gpu.launch_builder(&f);
+        b.arg(&mut *y)
+            .arg(&mut *window)
+            .arg(x)
+            .arg(w)
+            .arg(&r64)
+            .arg(&w64)
+            .arg(&k32)
+            .arg(&d32)
+            .arg(&s32);
+        // SAFETY: as below; each thread reads and then rewrites only its own channel's window.
+        launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
+        return Ok(y);
+    }
+    let f = gpu.function("gdn.cu", name)?;
+    let mut y = gpu.output::<f32>(n, name)?;
     {
         let mut b = gpu.launch_builder(&f);
         b.arg(&mut *y)
