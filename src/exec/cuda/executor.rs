@@ -341,10 +341,6 @@ impl DeviceState {
         }
     }
 
-    pub fn programmatic_launch(&self) -> bool {
-        self.programmatic_launch
-    }
-
     fn ensure(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
         let eos = program.consts.ple_eos.unwrap_or(0);
         for s in &program.states {
