@@ -166,3 +166,41 @@ fn real_arena_sizes() {
         assert!(peak <= p.arena_bytes && p.arena_bytes < total);
     }
 }
+
+/// A device stores each weight once, as a matrix (bf16 for a bf16 checkpoint) or as an f32 vector
+/// (`Op::weight_is_matrix`), and every step shape of a model reads the same copy: so no weight may
+/// be a matrix in one program and a vector in another (a fused op in decode, its unfused ops in a
+/// long prefill), for the real config on CUDA at every step size a rule or fusion tells apart.
+#[test]
+fn each_weight_is_a_matrix_or_a_vector_in_every_program() {
+    use std::collections::BTreeMap;
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let graphs = GraphSet::embedded().unwrap();
+    let mut kind: BTreeMap<String, (bool, String)> = BTreeMap::new();
+    let steps = [
+        (Phase::Decode, 1),
+        (Phase::Prefill, 8),
+        (Phase::Prefill, 9),
+        (Phase::Prefill, 64),
+    ];
+    for (phase, tokens) in steps {
+        let opts = LowerOptions {
+            device: Device::Cuda,
+            ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+        };
+        let program = lower(&plan, &graphs, &opts).unwrap().program;
+        for node in &program.nodes {
+            for (i, w) in node.weights.iter().enumerate() {
+                let matrix = node.op.weight_is_matrix(i);
+                let seen = kind.entry(w.clone()).or_insert((matrix, node.name.clone()));
+                assert_eq!(
+                    seen.0, matrix,
+                    "`{w}`: a matrix for one node and a vector for another ({} and {}, {phase:?} {tokens})",
+                    seen.1, node.name
+                );
+            }
+        }
+    }
+}

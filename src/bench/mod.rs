@@ -15,7 +15,6 @@ use serde::Serialize;
 pub mod linear_sweep;
 
 use crate::error::{Error, Result};
-use crate::exec::cuda::executor::is_matrix_weight;
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
 use crate::ir::{LogitsMode, Node, Op, Phase, Program, StateKind};
@@ -314,12 +313,12 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
             c.embedding_rows += ids * d * 2;
         }
         // Matrices, read at their device width (bf16), as the executor stores them.
-        op if (0..node.weights.len()).any(|i| is_matrix_weight(op.kind(), i)) => {
+        op if (0..node.weights.len()).any(|i| op.weight_is_matrix(i)) => {
             for (_, w) in node
                 .weights
                 .iter()
                 .enumerate()
-                .filter(|&(i, _)| is_matrix_weight(op.kind(), i))
+                .filter(|&(i, _)| op.weight_is_matrix(i))
             {
                 c.dense_weights += size(w) * 2;
             }

@@ -245,6 +245,27 @@ impl<D> Op<D> {
     }
 
     /// Number of outputs the op produces.
+    /// Whether weight `index` of this op is a matrix read by the matrix kernels (a device stores
+    /// it bf16 for a bf16 checkpoint); every other weight is a small f32 vector. A fused op's
+    /// weight keeps the kind it has unfused, since longer steps may run the unfused ops on the
+    /// same weights: `MoeSharedWrite`'s gate weight (read by `SigmoidGatedAdd`) and `HcRead`'s
+    /// norm weight (read by `RmsNorm`) are vectors.
+    pub fn weight_is_matrix(&self, index: usize) -> bool {
+        match self {
+            Op::Linear
+            | Op::SwigluLinear
+            | Op::HcMix { .. }
+            | Op::HcInject { .. }
+            | Op::LinearHcWrite { .. }
+            | Op::LinearGroup { .. }
+            | Op::MoeExperts { .. }
+            | Op::Embed => true,
+            Op::MoeSharedWrite { .. } => index == 0,
+            Op::HcRead { .. } => index != 0,
+            _ => false,
+        }
+    }
+
     /// `None` for an op whose output count is one of its dimensions (`LinearGroup`'s parts).
     pub fn num_outputs(&self) -> Option<usize> {
         match self {

@@ -19,19 +19,6 @@ use super::device::{Buf, Gpu};
 use super::error::CudaError;
 use super::launch::{self, attention, gdn, layout, moe, DeviceMatrix};
 
-/// Op kinds whose weights are matrices read by the matrix kernels (stored bf16 when the
-/// checkpoint is bf16); every other weight is a small f32 vector.
-const MATRIX_OPS: &[&str] = &[
-    "linear",
-    "swiglu_linear",
-    "hc_mix",
-    "hc_inject",
-    "linear_hc_write",
-    "linear_group",
-    "moe_experts",
-    "embed",
-];
-
 /// A model's weights on the device.
 pub struct DeviceWeights {
     matrices: HashMap<String, DeviceMatrix>,
@@ -173,7 +160,7 @@ impl DeviceWeights {
     }
 }
 
-/// Weights read by the matrix kernels.
+/// Weights read by the matrix kernels (`Op::weight_is_matrix`).
 fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
     program
         .nodes
@@ -182,22 +169,10 @@ fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
             n.weights
                 .iter()
                 .enumerate()
-                .filter(|&(i, _)| is_matrix_weight(n.op.kind(), i))
+                .filter(|&(i, _)| n.op.weight_is_matrix(i))
                 .map(|(_, w)| w.clone())
         })
         .collect()
-}
-
-/// Whether weight `index` of an op of kind `kind` is a matrix: every weight of `MATRIX_OPS`,
-/// the down projection of `moe_shared_write` (its gate weight stays the f32 vector that the
-/// unfused `sigmoid_gated_add` of longer steps reads) and the projections of `hc_read`.
-pub fn is_matrix_weight(kind: &str, index: usize) -> bool {
-    match kind {
-        "moe_shared_write" => index == 0,
-        // The norm weight is a vector (as for the unfused rms_norm of longer steps).
-        "hc_read" => index != 0,
-        k => MATRIX_OPS.contains(&k),
-    }
 }
 
 fn missing(name: &str) -> CudaError {
