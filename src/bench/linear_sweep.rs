@@ -104,6 +104,34 @@ fn time_back_to_back(
     Ok(elapsed_us(&start, &end)? / launches as f64)
 }
 
+/// Enough copies of random bf16 matrices `[n_p, k]` (a set of parts a copy) that cycling
+/// through them, no copy is still in L2 when it comes round again.
+fn rotating_sets(gpu: &Gpu, k: usize, ns: &[usize]) -> Result<Vec<Vec<DeviceMatrix>>> {
+    let bytes: usize = ns.iter().map(|n| n * k * 2).sum();
+    let copies = ROTATION_BYTES.div_ceil(bytes.max(1)).clamp(2, 64);
+    let mut sets = Vec::with_capacity(copies);
+    for c in 0..copies {
+        let mut set = Vec::with_capacity(ns.len());
+        for (p, &n) in ns.iter().enumerate() {
+            let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n * k, "a sweep matrix")?);
+            launch::fill_uniform(gpu, &mut m, (c * 8 + p) as u64, -0.05, 0.05)?;
+            set.push(m);
+        }
+        sets.push(set);
+    }
+    Ok(sets)
+}
+
+/// `bytes` of device memory as the scratch pool the launchers' outputs come from, reused by
+/// every launch (a fresh allocation would be a stream operation between the kernels); keep the
+/// returned buffer alive while it is the pool.
+fn output_pool(gpu: &Gpu, bytes: usize) -> Result<cudarc::driver::CudaSlice<u8>> {
+    use cudarc::driver::DevicePtr as _;
+    let out = gpu.zeros::<u8>(bytes, "the sweep output")?;
+    gpu.set_scratch_pool(Some((out.device_ptr(&gpu.stream).0, out.len())));
+    Ok(out)
+}
+
 /// Each sibling group of the program in one launch (`linear_group`) and as separate launches
 /// (each part with its own variant), over rotating copies of the matrices.
 fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
@@ -113,25 +141,11 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         if bytes == 0 {
             continue;
         }
-        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(2, 64);
-        let mut sets = Vec::with_capacity(copies);
-        for c in 0..copies {
-            let mut set = Vec::with_capacity(ns.len());
-            for (p, &n) in ns.iter().enumerate() {
-                let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n * k, "a sweep matrix")?);
-                launch::fill_uniform(gpu, &mut m, (c * 8 + p) as u64, -0.05, 0.05)?;
-                set.push(m);
-            }
-            sets.push(set);
-        }
+        let sets = rotating_sets(gpu, k, &ns)?;
+        let copies = sets.len();
         let x = gpu.zeros::<f32>(k, "a sweep input")?;
         let total: usize = ns.iter().sum();
-        let out = gpu.zeros::<u8>(total * 4 + 256 * ns.len(), "the sweep output")?;
-        let out_ptr = {
-            use cudarc::driver::DevicePtr as _;
-            out.device_ptr(&gpu.stream).0
-        };
-        gpu.set_scratch_pool(Some((out_ptr, out.len())));
+        let _pool = output_pool(gpu, total * 4 + 256 * ns.len())?;
         let launches = LAUNCHES.max(copies);
         let one = time_back_to_back(gpu, launches, &|i| {
             gpu.next_node_scratch();
@@ -174,29 +188,17 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
             continue;
         }
         let bytes = n * k * 2;
-        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(2, 64);
-        let mut mats = Vec::with_capacity(copies);
-        for c in 0..copies {
-            let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n * k, "a sweep matrix")?);
-            launch::fill_uniform(gpu, &mut m, c as u64, -0.05, 0.05)?;
-            mats.push(m);
-        }
+        let sets = rotating_sets(gpu, k, &[n])?;
+        let copies = sets.len();
         let x = gpu.zeros::<f32>(k, "a sweep input")?;
         let h = gpu.zeros::<f32>(STREAMS * n, "a sweep residual")?;
         let inj = gpu.zeros::<f32>(STREAMS, "a sweep gain")?;
-        // One output buffer for every launch (a fresh allocation would be a stream operation
-        // between the kernels).
-        let out = gpu.zeros::<u8>(STREAMS * n * 4 + 256, "the sweep output")?;
-        let out_ptr = {
-            use cudarc::driver::DevicePtr as _;
-            out.device_ptr(&gpu.stream).0
-        };
-        gpu.set_scratch_pool(Some((out_ptr, out.len())));
+        let _pool = output_pool(gpu, STREAMS * n * 4 + 256)?;
         let chosen = OneToken::for_shape(n, k);
         for v in OneToken::ALL {
             let us = time_back_to_back(gpu, LAUNCHES.max(copies), &|i| {
                 gpu.next_node_scratch();
-                let m = &mats[i % copies];
+                let m = &sets[i % copies][0];
                 if fused {
                     linear_hc_write_with(gpu, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
                 } else {

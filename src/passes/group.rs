@@ -50,10 +50,10 @@ fn check(g: &Grouping) -> Result<(), LowerError> {
     Ok(())
 }
 
-/// Whether `node` can be a part: a plain single-input, single-weight node of the grouping's op.
-fn is_part(node: &Node, g: &Grouping) -> bool {
-    node.op.kind() == g.op
-        && matches!(node.op, Op::Linear)
+/// Whether `node` can be a part: a plain single-input, single-weight linear layer (the only op
+/// `check` lets a grouping name).
+fn is_part(node: &Node) -> bool {
+    matches!(node.op, Op::Linear)
         && node.inputs.len() == 1
         && node.weights.len() == 1
         && node.states.is_empty()
@@ -63,7 +63,7 @@ fn apply(program: &mut Program, g: &Grouping) -> usize {
     // Siblings by their input, in program order.
     let mut by_input: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, node) in program.nodes.iter().enumerate() {
-        if is_part(node, g) {
+        if is_part(node) {
             by_input.entry(node.inputs[0].as_str()).or_default().push(i);
         }
     }

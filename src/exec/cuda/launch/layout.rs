@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::arg_matrix;
-use super::{grid_for, launched, shape, DeviceMatrix};
+use super::{grid_for, launched, shape, warp_grid, DeviceMatrix};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
@@ -243,15 +243,9 @@ pub fn hc_mix(
     });
     let gate_name = down.kernel("hc_mix_gate");
     let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
-    shape(
-        kernel,
-        matches!(
-            (down, up),
-            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
-                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
-        ),
-        || "down and up have different dtypes".to_string(),
-    )?;
+    shape(kernel, down.same_dtype(up), || {
+        "down and up have different dtypes".to_string()
+    })?;
     let width = hn.len().checked_div(rows).unwrap_or(0);
     let rank = down.len().checked_div(width).unwrap_or(0);
     shape(
@@ -284,12 +278,6 @@ pub fn hc_mix(
         hid as i64,
         rank as i64,
     );
-    const WARPS: usize = 8;
-    let warps_grid = |outputs: usize| LaunchConfig {
-        grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let f = gpu.function(FILE, act_kernel)?;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(hn);
@@ -298,7 +286,7 @@ pub fn hc_mix(
     let act_grid = if rows <= FEW_ROWS {
         block_grid(rows * rank)
     } else {
-        warps_grid(rows * rank)
+        warp_grid(rows * rank)
     };
     // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
     launched(act_kernel, unsafe { b.launch(act_grid) })?;
@@ -308,7 +296,7 @@ pub fn hc_mix(
     arg_matrix(&mut b, up);
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
     // SAFETY: up is width*rank, act rows*rank, y rows*hid; same stream, so act is complete.
-    launched(kernel, unsafe { b.launch(warps_grid(rows * hid)) })?;
+    launched(kernel, unsafe { b.launch(warp_grid(rows * hid)) })?;
     Ok(y)
 }
 
@@ -331,20 +319,13 @@ pub fn hc_read(
     let act_name = down.kernel("hc_read_act");
     let gate_name = down.kernel("hc_read_gate");
     let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
-    let same = |a: &DeviceMatrix, b: &DeviceMatrix| {
-        matches!(
-            (a, b),
-            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
-                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
-        )
-    };
     let width = h.len().checked_div(rows).unwrap_or(0);
     let rank = down.len().checked_div(width).unwrap_or(0);
     let hid = width.checked_div(streams).unwrap_or(0);
     shape(
         kernel,
-        same(down, up)
-            && same(down, inject)
+        down.same_dtype(up)
+            && down.same_dtype(inject)
             && rows > 0
             && rows < 65_536
             && (1..=32).contains(&streams)
@@ -399,21 +380,12 @@ pub fn hc_read(
     // SAFETY: shapes checked above; block (o, t) writes act[t, o] or inj[t, o - R], block (0, t)
     // the C inverse RMS of row t; 16-byte loads only where the widths and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
-    const WARPS: usize = 8;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *x).arg(h).arg(&*inv).arg(norm).arg(&*act);
     arg_matrix(&mut b, up);
     b.arg(&rows64).arg(&s64).arg(&h64).arg(&r64).arg(&wl64);
-    let cfg = LaunchConfig {
-        grid_dim: (
-            (rows * hid).div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32,
-            1,
-            1,
-        ),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = warp_grid(rows * hid);
     // SAFETY: a warp per (row, channel) over rows*hid outputs; act holds rows*R, inv rows*C.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((x, inj))
@@ -455,15 +427,10 @@ pub fn hc_inject(
     let outputs = rows * streams;
     let mut y = gpu.output::<f32>(outputs, kernel)?;
     let (r64, s64, w64) = (rows as i64, streams as i64, width as i64);
-    const WARPS: usize = 8;
     let cfg = if rows <= FEW_ROWS {
         block_grid(outputs)
     } else {
-        LaunchConfig {
-            grid_dim: (outputs.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-            block_dim: ((WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        warp_grid(outputs)
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(hn);
@@ -494,15 +461,9 @@ pub fn swiglu(
         "swiglu_linear_reference"
     });
     let kernel = kernel_name.as_str();
-    shape(
-        kernel,
-        matches!(
-            (wg, wu),
-            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
-                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
-        ),
-        || "gate and up weights have different dtypes".to_string(),
-    )?;
+    shape(kernel, wg.same_dtype(wu), || {
+        "gate and up weights have different dtypes".to_string()
+    })?;
     shape(
         kernel,
         rows > 0 && k > 0 && n > 0 && x.len() == rows * k && wg.len() == n * k && wu.len() == n * k,
@@ -518,16 +479,7 @@ pub fn swiglu(
     let f = gpu.function(FILE, kernel)?;
     let mut y = gpu.output::<f32>(rows * n, kernel)?;
     let (t64, k64, n64) = (rows as i64, k as i64, n as i64);
-    const WARPS: usize = 8;
-    let cfg = if one {
-        block_grid(n)
-    } else {
-        LaunchConfig {
-            grid_dim: (n.div_ceil(WARPS).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-            block_dim: ((WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    };
+    let cfg = if one { block_grid(n) } else { warp_grid(n) };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     match (wg, wu) {

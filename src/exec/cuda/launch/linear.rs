@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::{launched, shape};
+use super::{launched, shape, warp_grid};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 use crate::exec::cuda::launcher::KernelLaunch;
@@ -26,6 +26,15 @@ impl DeviceMatrix {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether both matrices have one element type (a kernel takes one).
+    pub fn same_dtype(&self, other: &DeviceMatrix) -> bool {
+        matches!(
+            (self, other),
+            (DeviceMatrix::F32(_), DeviceMatrix::F32(_))
+                | (DeviceMatrix::Bf16(_), DeviceMatrix::Bf16(_))
+        )
     }
 
     /// The name of `base`'s kernel for this element type: `<base>_f32` or `<base>_bf16`.
@@ -136,14 +145,13 @@ impl OneToken {
 
     /// A block of 256 threads: a warp per row, or G rows per block.
     fn grid(self, n: usize) -> LaunchConfig {
-        let blocks = match self {
-            OneToken::WarpPerRow => n.div_ceil(8),
-            OneToken::Group { rows, .. } => n.div_ceil(rows),
-        };
-        LaunchConfig {
-            grid_dim: (blocks.clamp(1, 65_535 * 8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        match self {
+            OneToken::WarpPerRow => warp_grid(n),
+            OneToken::Group { rows, .. } => LaunchConfig {
+                grid_dim: (n.div_ceil(rows).clamp(1, 65_535 * 8) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
         }
     }
 
@@ -407,13 +415,7 @@ pub fn linear_group(
     let first = ws.first().copied();
     let kernel_name = first.map_or("linear_parts1".into(), |w| w.kernel("linear_parts1"));
     let kernel = kernel_name.as_str();
-    let same_dtype = ws.iter().all(|w| {
-        matches!(
-            (w, first),
-            (DeviceMatrix::F32(_), Some(DeviceMatrix::F32(_)))
-                | (DeviceMatrix::Bf16(_), Some(DeviceMatrix::Bf16(_)))
-        )
-    });
+    let same_dtype = ws.iter().all(|w| first.is_some_and(|f| f.same_dtype(w)));
     shape(
         kernel,
         (1..=MAX_PARTS).contains(&ws.len())

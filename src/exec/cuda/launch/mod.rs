@@ -35,6 +35,16 @@ pub(crate) fn grid_for(n: usize, block: u32) -> LaunchConfig {
     }
 }
 
+/// Blocks of 8 warps, a warp per output (grid-strided past the grid limit).
+pub(crate) fn warp_grid(outputs: usize) -> LaunchConfig {
+    const WARPS: usize = 8;
+    LaunchConfig {
+        grid_dim: (outputs.div_ceil(WARPS).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn launched(kernel: &str, r: Result<(), cudarc::driver::DriverError>) -> Result<(), CudaError> {
     r.map_err(|e| CudaError::driver(format!("launching {kernel}"), None, e))
 }
