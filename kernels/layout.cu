@@ -99,6 +99,13 @@ __device__ __forceinline__ void hc_mix_act_block(float* act, const float* hn, co
     }
 }
 
+// Chunks of an `up` row a lane loads at once in hc_mix_gate's split path (rank 320 in bf16 takes
+// 5 a lane: all of them in one round trip).
+#define HC_GATE_CHUNKS 6
+// The gate kernels' blocks (launch::warp_grid: 8 warps) and how many of them a multiprocessor
+// should hold at once: 3 x 8 x 132 warps cover decode's 2560 channels in one wave.
+#define HC_GATE_BOUNDS __launch_bounds__(256, 3)
+
 // `hn_at(t, ch)`: the normalised value of channel ch (stream-major) of row t.
 template <typename W, typename Hn>
 __device__ __forceinline__ void hc_mix_gate_with(float* y, Hn hn_at, const float* act, const W* up, long rows,
@@ -114,7 +121,7 @@ __device__ __forceinline__ void hc_mix_gate_with(float* y, Hn hn_at, const float
             // add the groups' terms.
             const int per = 32 / (int)streams;
             const long s = lane / per, ch = s * hid + c;
-            float d = strided_dot(act + t * rank, up + ch * rank, rank, lane % per, per);
+            float d = strided_dot_short<W, HC_GATE_CHUNKS>(act + t * rank, up + ch * rank, rank, lane % per, per);
             for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
             float term = sigmoid_f32(d) * hn_at(t, ch);
             for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
@@ -139,11 +146,17 @@ __device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const flo
 
 // hc_read (`ops::hyper::hc_read`): the hyper-connection read with its RMS norm folded in, in two
 // kernels instead of four (norm, mix's two, inject). hn = h * inv_s * (1 + w) is never stored:
-//   hc_read_act:  block (o, t) first takes the C inverse RMS of row t (block sums over h), then
+//   hc_read_act_r{R}: block (b, t) takes R of the R + C outputs o = b·R .. b·R + R - 1 of row t:
 //                 o < R: act[t, o] = silu(hn·down[o] / C); o ≥ R: inj[t, o - R] = 2 sigmoid(hn·inject[o - R] / C);
-//                 block (0, t) also stores the inverse RMS for the gate kernel;
+//                 every block takes the C inverse RMS of row t on the way, block (0, t) stores them
+//                 for the gate kernel;
 //   hc_read_gate: as hc_mix_gate, forming hn from h, the stored inverse RMS and w.
+// R (1, 2 or 4) trades blocks for loads in flight per thread and for the row of h read once
+// per R outputs; `launch::layout::HcReadAct` picks it.
 #define HC_MAX_STREAMS 32
+// Chunks of the row each thread of the fixed path holds: the block has chunks / this threads.
+#define HC_ACT_CHUNKS 4
+#define HC_ACT_MAX_THREADS 512
 
 __device__ __forceinline__ float hc_norm_weight(const float* w, long ch, long hid, long w_len) {
     return 1.0f + (w_len == hid ? w[ch % hid] : w[ch % w_len]);
@@ -158,72 +171,120 @@ __device__ __forceinline__ void hc_read_store(float* act, float* inj, long t, lo
         inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
 }
 
-// C streams known at compile time (the real model's 4), 16-byte loads: one pass over the row
-// takes, per stream s, the sum of squares of h and the partial dot Σ h·(1 + w)·row, so that
-// every load is issued in one loop and the block reduces once; d = Σ_s inv_s · partial_s (the
-// reference rounds hn = h·inv·(1 + w) first: the same value up to rounding).
-template <typename W, int C>
-__device__ __forceinline__ void hc_read_act_fixed(float* act, float* inj, float* inv_out, const float* ht,
-                                                  const float* w, const W* row, long width, long rank,
-                                                  long w_len, float eps) {
+__device__ __forceinline__ const void* hc_read_row(const void* down, const void* inject, long o, long rank,
+                                                   long width, long elem) {
+    return o < rank ? (const char*)down + o * width * elem : (const char*)inject + (o - rank) * width * elem;
+}
+
+// Whether the fixed path serves: C = 4 streams, 16-byte loads, every chunk of the row held by the
+// block's threads (HC_ACT_CHUNKS each, the launcher's block size).
+template <typename W>
+__device__ __forceinline__ bool hc_read_act_fixed_fits(const float* ht, const float* w, const W* down,
+                                                       const W* inject, long streams, long width, long w_len) {
     constexpr int N = WeightVec<W>::N;
-    __shared__ float part[2][C][32];
+    return streams == 4 && (width / 4) % N == 0 && (w_len == width || w_len == width / 4) &&
+           width / N <= (long)blockDim.x * HC_ACT_CHUNKS && aligned16(ht) && aligned16(w) && aligned16(down) &&
+           aligned16(inject);
+}
+
+// C streams known at compile time (the real model's 4), 16-byte loads. Thread x holds chunks
+// x + k·blockDim.x (k < HC_ACT_CHUNKS) of the row: it loads the R weight rows' chunks first, all
+// in flight at once, then forms h·(1 + w) and per stream s the sum of squares of h and the
+// partials Σ h·(1 + w)·row; the block reduces once for all R rows, and d = Σ_s inv_s · partial_s
+// (the reference rounds hn = h·inv·(1 + w) first: the same value up to rounding).
+template <typename W, int C, int R>
+__device__ __forceinline__ void hc_read_act_fixed(float* act, float* inj, float* inv_out, const float* ht,
+                                                  const float* w, const W* down, const W* inject, long width,
+                                                  long rank, long w_len, float eps) {
+    constexpr int N = WeightVec<W>::N, K = HC_ACT_CHUNKS;
+    __shared__ float part[R + 1][C][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long t = blockIdx.y, o = blockIdx.x, hid = width / C, chunks = width / N, per = hid / N;
-    float p[C], ss[C];
+    const long t = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + C;
+    const long hid = width / C, chunks = width / N, per = hid / N;
+    uint4 raw[R][K];
 #pragma unroll
-    for (int q = 0; q < C; q++) p[q] = ss[q] = 0.0f;
-#pragma unroll 4
-    for (long i = threadIdx.x; i < chunks; i += blockDim.x) {
-        float wv[N], hv[N], nv[N];
-        WeightVec<W>::chunk(row, i, wv);
-        act_chunk<N>(ht, i, hv);
-        act_chunk<N>(w, w_len == width ? i : i % per, nv);
-        float dp = 0.0f, dss = 0.0f;
+    for (int r = 0; r < R; r++) {
+        // A block past the last output re-reads the last row (it stores nothing).
+        const W* row = (const W*)hc_read_row(down, inject, min(o0 + r, outs - 1), rank, width, sizeof(W));
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            dp += hv[j] * (1.0f + nv[j]) * wv[j];
-            dss += hv[j] * hv[j];
+        for (int k = 0; k < K; k++) {
+            const long i = threadIdx.x + (long)k * blockDim.x;
+            if (i < chunks) raw[r][k] = WeightVec<W>::load(row, i);
         }
-        const int s = (int)(i / per);
+    }
+    float p[R][C], ss[C];
 #pragma unroll
-        for (int q = 0; q < C; q++) {
-            if (q == s) {
-                p[q] += dp;
-                ss[q] += dss;
+    for (int q = 0; q < C; q++) {
+        ss[q] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) p[r][q] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const long i = threadIdx.x + (long)k * blockDim.x;
+        if (i < chunks) {
+            float hv[N], nv[N], hw[N];
+            act_chunk<N>(ht, i, hv);
+            act_chunk<N>(w, w_len == width ? i : i % per, nv);
+            float dss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                hw[j] = hv[j] * (1.0f + nv[j]);
+                dss += hv[j] * hv[j];
             }
+            const int s = (int)(i / per);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wv[N], dp = 0.0f;
+                WeightVec<W>::unpack(raw[r][k], wv);
+#pragma unroll
+                for (int j = 0; j < N; j++) dp += hw[j] * wv[j];
+#pragma unroll
+                for (int q = 0; q < C; q++)
+                    if (q == s) p[r][q] += dp;
+            }
+#pragma unroll
+            for (int q = 0; q < C; q++)
+                if (q == s) ss[q] += dss;
         }
     }
 #pragma unroll
     for (int q = 0; q < C; q++) {
-        const float a = warp_sum(p[q]), b = warp_sum(ss[q]);
-        if (lane == 0) {
-            part[0][q][warp] = a;
-            part[1][q][warp] = b;
+        const float b = warp_sum(ss[q]);
+        if (lane == 0) part[R][q][warp] = b;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float a = warp_sum(p[r][q]);
+            if (lane == 0) part[r][q][warp] = a;
         }
     }
     __syncthreads();
-    if (warp == 0) {
+    // Warp r finishes output o0 + r (the block has at least R warps).
+    if (warp < R && o0 + warp < outs) {
         float d = 0.0f;
 #pragma unroll
         for (int q = 0; q < C; q++) {
-            const float pq = warp_sum(lane < warps ? part[0][q][lane] : 0.0f);
-            const float sq = warp_sum(lane < warps ? part[1][q][lane] : 0.0f);
+            const float sq = warp_sum(lane < warps ? part[R][q][lane] : 0.0f);
+            float pq = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r == warp) pq = warp_sum(lane < warps ? part[r][q][lane] : 0.0f);
             const float inv = rsqrtf(sq / (float)hid + eps);
             d += inv * pq;
-            if (o == 0 && lane == 0) inv_out[t * C + q] = inv;
+            if (o0 == 0 && warp == 0 && lane == 0) inv_out[t * C + q] = inv;
         }
-        if (lane == 0) hc_read_store(act, inj, t, o, rank, C, d);
+        if (lane == 0) hc_read_store(act, inj, t, o0 + warp, rank, C, d);
     }
 }
 
-// Any stream count, any alignment: the inverse RMS first (a block sum per stream), then the dot.
-template <typename W>
+// Any stream count, any alignment: the inverse RMS first (a block sum per stream), then the dot
+// for each of the block's R outputs.
+template <typename W, int R>
 __device__ __forceinline__ void hc_read_act_general(float* act, float* inj, float* inv_out, const float* ht,
-                                                    const float* w, const W* row, long streams, long width,
-                                                    long rank, long w_len, float eps) {
+                                                    const float* w, const W* down, const W* inject, long streams,
+                                                    long width, long rank, long w_len, float eps) {
     __shared__ float inv_s[HC_MAX_STREAMS];
-    const long t = blockIdx.y, o = blockIdx.x, hid = width / streams;
+    const long t = blockIdx.y, o0 = (long)blockIdx.x * R, hid = width / streams;
     for (long s = 0; s < streams; s++) {
         float ss = 0.0f;
         for (long c = threadIdx.x; c < hid; c += blockDim.x) ss += ht[s * hid + c] * ht[s * hid + c];
@@ -231,42 +292,47 @@ __device__ __forceinline__ void hc_read_act_general(float* act, float* inj, floa
         if (threadIdx.x == 0) inv_s[s] = rsqrtf(ss / (float)hid + eps);
     }
     __syncthreads();
-    if (o == 0 && threadIdx.x < streams) inv_out[t * streams + threadIdx.x] = inv_s[threadIdx.x];
-    float acc = 0.0f;
-    for (long ch = threadIdx.x; ch < width; ch += blockDim.x)
-        acc += ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len) * WeightVec<W>::one(row, ch);
-    const float d = block_sum(acc);
-    if (threadIdx.x == 0) hc_read_store(act, inj, t, o, rank, streams, d);
+    if (o0 == 0 && threadIdx.x < streams) inv_out[t * streams + threadIdx.x] = inv_s[threadIdx.x];
+    for (long o = o0; o < o0 + R && o < rank + streams; o++) {
+        const W* row = (const W*)hc_read_row(down, inject, o, rank, width, sizeof(W));
+        float acc = 0.0f;
+        for (long ch = threadIdx.x; ch < width; ch += blockDim.x)
+            acc += ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len) * WeightVec<W>::one(row, ch);
+        const float d = block_sum(acc);
+        if (threadIdx.x == 0) hc_read_store(act, inj, t, o, rank, streams, d);
+    }
 }
 
-template <typename W>
+template <typename W, int R>
 __device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_out, const float* h, const float* w,
                                             const W* down, const W* inject, long streams, long width, long rank,
                                             long w_len, float eps) {
-    constexpr int N = WeightVec<W>::N;
-    const long t = blockIdx.y, o = blockIdx.x;
-    const float* ht = h + t * width;
-    const W* row = o < rank ? down + o * width : inject + (o - rank) * width;
-    const bool fixed = streams == 4 && (width / 4) % N == 0 && (w_len == width || w_len == width / 4) &&
-                       aligned16(ht) && aligned16(w) && aligned16(row);
-    if (fixed)
-        hc_read_act_fixed<W, 4>(act, inj, inv_out, ht, w, row, width, rank, w_len, eps);
+    const float* ht = h + (long)blockIdx.y * width;
+    if (hc_read_act_fixed_fits<W>(ht, w, down, inject, streams, width, w_len))
+        hc_read_act_fixed<W, 4, R>(act, inj, inv_out, ht, w, down, inject, width, rank, w_len, eps);
     else
-        hc_read_act_general<W>(act, inj, inv_out, ht, w, row, streams, width, rank, w_len, eps);
+        hc_read_act_general<W, R>(act, inj, inv_out, ht, w, down, inject, streams, width, rank, w_len, eps);
 }
 
-#define HC_READ_KERNELS(W, SUFFIX)                                                                            \
-    extern "C" __global__ void hc_read_act_##SUFFIX(float* act, float* inj, float* inv_out, const float* h,   \
-                                                    const float* w, const W* down, const W* inject,           \
-                                                    long streams, long width, long rank, long w_len,          \
-                                                    float eps) {                                              \
-        prefetch_weights(blockIdx.x < rank ? (const void*)(down + blockIdx.x * width)                        \
-                                           : (const void*)(inject + (blockIdx.x - rank) * width),            \
-                         width * (long)sizeof(W));                                                            \
+#define HC_READ_ACT_KERNEL(W, SUFFIX, R)                                                                      \
+    extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
+        hc_read_act_r##R##_##SUFFIX(float* act, float* inj, float* inv_out, const float* h, const float* w,   \
+                                    const W* down, const W* inject, long streams, long width, long rank,      \
+                                    long w_len, float eps) {                                                  \
+        const long o0 = (long)blockIdx.x * R;                                                                 \
+        const long n = min((long)R, rank + streams - o0);                                                     \
+        if (threadIdx.x < n)                                                                                  \
+            prefetch_weights(hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)),             \
+                             width * (long)sizeof(W));                                                        \
         wait_for_producers();                                                                                 \
-        hc_read_act<W>(act, inj, inv_out, h, w, down, inject, streams, width, rank, w_len, eps);              \
-    }                                                                                                         \
-    extern "C" __global__ void hc_read_gate_##SUFFIX(float* y, const float* h, const float* inv,             \
+        hc_read_act<W, R>(act, inj, inv_out, h, w, down, inject, streams, width, rank, w_len, eps);           \
+    }
+
+#define HC_READ_KERNELS(W, SUFFIX)                                                                            \
+    HC_READ_ACT_KERNEL(W, SUFFIX, 1)                                                                          \
+    HC_READ_ACT_KERNEL(W, SUFFIX, 2)                                                                          \
+    HC_READ_ACT_KERNEL(W, SUFFIX, 4)                                                                          \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_##SUFFIX(float* y, const float* h, const float* inv,             \
                                                      const float* w, const float* act, const W* up, long rows, \
                                                      long streams, long hid, long rank, long w_len) {         \
         const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
@@ -298,7 +364,7 @@ HC_READ_KERNELS(bf16_t, bf16)
         wait_for_producers();                                                                                        \
         hc_mix_act_block<W>(act, hn, down, rows, streams, width, rank);                                              \
     }                                                                                                                \
-    extern "C" __global__ void hc_mix_gate_##SUFFIX(float* y, const float* hn, const float* act, const W* up,        \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_mix_gate_##SUFFIX(float* y, const float* hn, const float* act, const W* up,        \
                                                     long rows, long streams, long hid, long rank) {                  \
         /* the rows of `up` this block reads first: a warp per channel c, one row per stream */                      \
         const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                        \

@@ -337,27 +337,6 @@ extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SE
 #define DOWN_BATCH 5
 #define DOWN_PASSES 2
 
-// A 16-byte chunk of weights loaded as is (kept packed until its products, so that a lane's loads
-// in flight cost 4 registers each), and its N weights as f32.
-template <typename W>
-__device__ __forceinline__ uint4 raw_chunk(const W* w, long i) {
-    return __ldg(reinterpret_cast<const uint4*>(w) + i);
-}
-__device__ __forceinline__ void unpack_chunk(const uint4 p, float* out, const float*) {
-    out[0] = __uint_as_float(p.x);
-    out[1] = __uint_as_float(p.y);
-    out[2] = __uint_as_float(p.z);
-    out[3] = __uint_as_float(p.w);
-}
-__device__ __forceinline__ void unpack_chunk(const uint4 p, float* out, const bf16_t*) {
-    const unsigned int words[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        out[2 * j] = __uint_as_float(words[j] << 16);
-        out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-    }
-}
-
 // act [slots, inter], slot s = t * top_k + j; x [tokens, hidden]; ids [slots];
 // gate_up [experts, 2 * inter, hidden] (inter gate rows, then inter up rows).
 // One warp per (slot, r): the gate row r and the up row r of the slot's expert, read together,
@@ -389,8 +368,8 @@ __device__ __forceinline__ void experts_gate_up(float* act, const float* x, cons
 #pragma unroll
                 for (int b = 0; b < GATE_UP_BATCH; b++) {
                     if (i0 + 32 * b < n) {
-                        gp[b] = raw_chunk(gw, i0 + 32 * b);
-                        up[b] = raw_chunk(uw, i0 + 32 * b);
+                        gp[b] = WeightVec<W>::load(gw, i0 + 32 * b);
+                        up[b] = WeightVec<W>::load(uw, i0 + 32 * b);
                     }
                 }
 #pragma unroll
@@ -398,8 +377,8 @@ __device__ __forceinline__ void experts_gate_up(float* act, const float* x, cons
                     if (i0 + 32 * b < n) {
                         float xv[N], gv[N], uv[N];
                         act_chunk<N>(xr, i0 + 32 * b, xv);
-                        unpack_chunk(gp[b], gv, gw);
-                        unpack_chunk(up[b], uv, gw);
+                        WeightVec<W>::unpack(gp[b], gv);
+                        WeightVec<W>::unpack(up[b], uv);
 #pragma unroll
                         for (int q = 0; q < N; q++) {
                             g += gv[q] * xv[q];
@@ -447,13 +426,13 @@ __device__ __forceinline__ float down_share(const W* dr, const float* ar, long i
             uint4 wp[DOWN_BATCH];
 #pragma unroll
             for (int b = 0; b < DOWN_BATCH; b++)
-                if (i0 + (long)lanes * b < n) wp[b] = raw_chunk(dr, i0 + (long)lanes * b);
+                if (i0 + (long)lanes * b < n) wp[b] = WeightVec<W>::load(dr, i0 + (long)lanes * b);
 #pragma unroll
             for (int b = 0; b < DOWN_BATCH; b++) {
                 if (i0 + (long)lanes * b < n) {
                     float av[N], wv[N];
                     act_chunk<N>(ar, i0 + (long)lanes * b, av);
-                    unpack_chunk(wp[b], wv, dr);
+                    WeightVec<W>::unpack(wp[b], wv);
 #pragma unroll
                     for (int q = 0; q < N; q++) d += wv[q] * av[q];
                 }

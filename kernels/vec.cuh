@@ -8,29 +8,36 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 }
 
 // Weight loads: N consecutive weights as f32, chunk i (weights i*N .. i*N+N-1), one 16-byte load
-// through the read-only path (weights never change during a step).
+// through the read-only path (weights never change during a step). `load` keeps the chunk packed
+// (4 registers whatever the type, so that many loads can be in flight) and `unpack` converts it;
+// `chunk` is both.
 template <typename W>
 struct WeightVec;
+
+__device__ __forceinline__ uint4 load_weight_chunk(const void* w, long i) {
+    return __ldg(reinterpret_cast<const uint4*>(w) + i);
+}
 
 template <>
 struct WeightVec<float> {
     static constexpr int N = 4;
     static __device__ __forceinline__ float one(const float* w, long i) { return w[i]; }
-    static __device__ __forceinline__ void chunk(const float* w, long i, float* out) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(w) + i);
-        out[0] = v.x;
-        out[1] = v.y;
-        out[2] = v.z;
-        out[3] = v.w;
+    static __device__ __forceinline__ uint4 load(const float* w, long i) { return load_weight_chunk(w, i); }
+    static __device__ __forceinline__ void unpack(const uint4 p, float* out) {
+        out[0] = __uint_as_float(p.x);
+        out[1] = __uint_as_float(p.y);
+        out[2] = __uint_as_float(p.z);
+        out[3] = __uint_as_float(p.w);
     }
+    static __device__ __forceinline__ void chunk(const float* w, long i, float* out) { unpack(load(w, i), out); }
 };
 
 template <>
 struct WeightVec<bf16_t> {
     static constexpr int N = 8;
     static __device__ __forceinline__ float one(const bf16_t* w, long i) { return bf16_to_f32(w[i]); }
-    static __device__ __forceinline__ void chunk(const bf16_t* w, long i, float* out) {
-        const uint4 p = __ldg(reinterpret_cast<const uint4*>(w) + i);
+    static __device__ __forceinline__ uint4 load(const bf16_t* w, long i) { return load_weight_chunk(w, i); }
+    static __device__ __forceinline__ void unpack(const uint4 p, float* out) {
         const unsigned int words[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -38,6 +45,7 @@ struct WeightVec<bf16_t> {
             out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
         }
     }
+    static __device__ __forceinline__ void chunk(const bf16_t* w, long i, float* out) { unpack(load(w, i), out); }
 };
 
 // N consecutive f32 activations, chunk i, as N/4 16-byte loads.
@@ -88,6 +96,33 @@ __device__ __forceinline__ float strided_dot(const float* a, const W* w, long n,
         }
     } else {
         for (long i = first; i < n; i += stride) acc += a[i] * WeightVec<W>::one(w, i);
+    }
+    return acc;
+}
+
+// As strided_dot, for a short dot product (at most MAX chunks a thread): every chunk is loaded
+// before any is used, one round trip to memory where strided_dot takes one per LOADS_IN_FLIGHT
+// chunks. The same sums in the same order.
+template <typename W, int MAX>
+__device__ __forceinline__ float strided_dot_short(const float* a, const W* w, long n, long first, long stride) {
+    constexpr int N = WeightVec<W>::N;
+    const long chunks = n / N;
+    if (n % N != 0 || !aligned16(a) || !aligned16(w) || chunks > MAX * stride)
+        return strided_dot(a, w, n, first, stride);
+    uint4 raw[MAX];
+#pragma unroll
+    for (int u = 0; u < MAX; u++)
+        if (first + u * stride < chunks) raw[u] = WeightVec<W>::load(w, first + u * stride);
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < MAX; u++) {
+        if (first + u * stride < chunks) {
+            float wv[N], av[N];
+            WeightVec<W>::unpack(raw[u], wv);
+            act_chunk<N>(a, first + u * stride, av);
+#pragma unroll
+            for (int j = 0; j < N; j++) acc += av[j] * wv[j];
+        }
     }
     return acc;
 }

@@ -13,7 +13,8 @@
 mod common;
 
 use common::gpu::*;
-use graphrun::exec::cuda::launch::{layout, DeviceMatrix};
+use graphrun::exec::cuda::launch::layout::{self, HcReadAct};
+use graphrun::exec::cuda::launch::DeviceMatrix;
 use graphrun::exec::cuda::Gpu;
 use graphrun::ir::GateActivation;
 use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
@@ -184,22 +185,26 @@ fn layout_kernels_match_the_cpu_reference() {
             for norm_len in [width, h] {
                 let norm = random(&mut rng, norm_len);
                 let dnorm = gpu.upload(&norm, "norm").unwrap();
-                let (x, inj) =
-                    layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6).unwrap();
                 let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, &ri, rows, c, 1e-6);
-                let sn = format!("{s} norm{norm_len}");
-                report.check(
-                    &format!("hc_read_gate_{} x", dtype(bf16)),
-                    &sn,
-                    &get(&gpu, &x),
-                    &wx,
-                );
-                report.check(
-                    &format!("hc_read_act_{} inj", dtype(bf16)),
-                    &sn,
-                    &get(&gpu, &inj),
-                    &winj,
-                );
+                // Every first-kernel variant (outputs a block), besides the one the shape takes.
+                for v in HcReadAct::ALL {
+                    let (x, inj) =
+                        layout::hc_read_with(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6, v)
+                            .unwrap();
+                    let sn = format!("{s} norm{norm_len} {}", v.name());
+                    report.check(
+                        &format!("hc_read_gate_{} x", dtype(bf16)),
+                        &sn,
+                        &get(&gpu, &x),
+                        &wx,
+                    );
+                    report.check(
+                        &format!("hc_read_act_{}_{} inj", v.name(), dtype(bf16)),
+                        &sn,
+                        &get(&gpu, &inj),
+                        &winj,
+                    );
+                }
             }
         }
     }

@@ -1,5 +1,7 @@
 //! Every one-token linear variant (`launch::linear::OneToken`) on every one-token matrix shape of
-//! the decode program, each timed alone: which variant a shape should take, from measurement.
+//! the decode program, and every variant of the fused hyper-connection read
+//! (`launch::layout::HcReadAct`), each timed alone: which variant a shape should take, from
+//! measurement.
 //!
 //! A shape's launches run back to back (queued behind a spinning kernel, with programmatic
 //! launch as in a step) over enough copies of the matrix that none is still in L2 when it comes
@@ -11,6 +13,7 @@ use serde::Serialize;
 
 use super::fraction;
 use crate::error::Result;
+use crate::exec::cuda::launch::layout::{hc_read_with, HcReadAct};
 use crate::exec::cuda::launch::linear::{
     linear_group, linear_hc_write_with, linear_one_token, OneToken,
 };
@@ -180,6 +183,68 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
     Ok(rows)
 }
 
+/// The (width C*H, rank R, streams C, norm length) of each `HcRead` node of `program`.
+fn hc_read_shapes(program: &Program) -> BTreeSet<(usize, usize, usize, usize)> {
+    let width = |name: &str| program.value(name).map_or(0, |v| v.width);
+    let shape = |name: &str| {
+        program
+            .weights
+            .iter()
+            .find(|w| w.name == name)
+            .map(|w| w.shape.clone())
+    };
+    program
+        .nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::HcRead { streams } => {
+                let rank = shape(&n.weights[1])?.first().copied()?;
+                let norm = shape(&n.weights[0])?.iter().product();
+                Some((width(&n.inputs[0]), rank, streams, norm))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The fused hyper-connection read (both kernels) with each first-kernel variant, over rotating
+/// copies of its three matrices.
+fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
+    let mut rows = Vec::new();
+    for (width, rank, streams, norm_len) in hc_read_shapes(program) {
+        if width == 0 || rank == 0 || streams == 0 {
+            continue;
+        }
+        let bytes = (2 * rank + streams) * width * 2;
+        // [down; inject] share k = width; up is [width, rank].
+        let row_sets = rotating_sets(gpu, width, &[rank, streams])?;
+        let up_sets = rotating_sets(gpu, rank, &[width])?;
+        let h = gpu.zeros::<f32>(width, "a sweep residual")?;
+        let norm = gpu.zeros::<f32>(norm_len, "a sweep norm")?;
+        let _pool = output_pool(gpu, (rank + 2 * streams + width / streams) * 4 + 1024)?;
+        let chosen = HcReadAct::for_shape(1, width);
+        let launches = LAUNCHES.max(row_sets.len()).max(up_sets.len());
+        for v in HcReadAct::ALL {
+            let us = time_back_to_back(gpu, launches, &|i| {
+                gpu.next_node_scratch();
+                let (d, u) = (&row_sets[i % row_sets.len()], &up_sets[i % up_sets.len()]);
+                hc_read_with(gpu, &h, &norm, &d[0], &u[0], &d[1], 1, streams, 1e-6, v).map(drop)
+            })?;
+            rows.push(SweepRow {
+                kernel: "hc_read (act + gate)".to_string(),
+                k: width,
+                n: rank,
+                variant: v.name(),
+                us_per_launch: us,
+                fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
+                chosen: v == chosen,
+            });
+        }
+        gpu.set_scratch_pool(None);
+    }
+    Ok(rows)
+}
+
 pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
     gpu.set_programmatic_launch(true);
@@ -218,5 +283,6 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         gpu.set_scratch_pool(None);
     }
     rows.extend(groups(gpu, program, bandwidth)?);
+    rows.extend(hc_reads(gpu, program, bandwidth)?);
     Ok(rows)
 }

@@ -300,10 +300,52 @@ pub fn hc_mix(
     Ok(y)
 }
 
+/// How `hc_read`'s first kernel (`hc_read_act_r{R}`) shares the R + C dot products of a row
+/// over blocks: `outputs_per_block` of them a block, every weight row's chunks a thread holds
+/// loaded at once (more per block: more loads in flight a thread, the row of h read fewer times,
+/// fewer blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HcReadAct {
+    pub outputs_per_block: usize,
+}
+
+impl HcReadAct {
+    /// Every variant compiled in kernels/layout.cu (`HC_READ_KERNELS`), for the sweep and tests.
+    pub const ALL: [HcReadAct; 3] = [
+        HcReadAct {
+            outputs_per_block: 1,
+        },
+        HcReadAct {
+            outputs_per_block: 2,
+        },
+        HcReadAct {
+            outputs_per_block: 4,
+        },
+    ];
+
+    /// The variant the executor takes: one output a block, from the sweep on the H200
+    /// (`graphrun bench --sweep-linear`, results/2026-11-30-bench-sweep-hc-read.log; act + gate
+    /// back to back at the real 10240 -> 320: 12.2 µs, 2 a block 15.5, 4 a block 14.1: every
+    /// block reads the whole row of h and of the norm weight from L2, so more blocks spread that
+    /// over more multiprocessors).
+    pub fn for_shape(_rows: usize, _width: usize) -> HcReadAct {
+        HcReadAct {
+            outputs_per_block: 1,
+        }
+    }
+
+    pub fn name(self) -> String {
+        format!("r{}", self.outputs_per_block)
+    }
+}
+
+/// Chunks of the row each thread of `hc_read_act`'s fixed path holds (`HC_ACT_CHUNKS`).
+const HC_ACT_CHUNKS: usize = 4;
+
 /// The fused hyper-connection read (`ops::hyper::hc_read`): for each row of `h [rows, C*H]`,
 /// `x = hc_mix(hn)` and `inj = hc_inject(hn)` with `hn` the per-stream RMS norm of `h` (unit
 /// offset, weight `norm [C*H or H]`), never stored: a kernel for the C inverse RMS, the R mix
-/// activations and the C gains (a block per activation or gain and row), and the mix's gate.
+/// activations and the C gains (a few of them a block, for each row), and the mix's gate.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_read(
     gpu: &Gpu,
@@ -316,7 +358,27 @@ pub fn hc_read(
     streams: usize,
     eps: f32,
 ) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
-    let act_name = down.kernel("hc_read_act");
+    let width = h.len().checked_div(rows).unwrap_or(0);
+    let variant = HcReadAct::for_shape(rows, width);
+    hc_read_with(gpu, h, norm, down, up, inject, rows, streams, eps, variant)
+}
+
+/// `hc_read` with the given first-kernel variant (the sweep and the GPU tests try each).
+#[allow(clippy::too_many_arguments)]
+pub fn hc_read_with(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    norm: &CudaSlice<f32>,
+    down: &DeviceMatrix,
+    up: &DeviceMatrix,
+    inject: &DeviceMatrix,
+    rows: usize,
+    streams: usize,
+    eps: f32,
+    variant: HcReadAct,
+) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
+    let per_block = variant.outputs_per_block;
+    let act_name = down.kernel(&format!("hc_read_act_r{per_block}"));
     let gate_name = down.kernel("hc_read_gate");
     let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
     let width = h.len().checked_div(rows).unwrap_or(0);
@@ -372,13 +434,24 @@ pub fn hc_read(
     arg_matrix(&mut b, down);
     arg_matrix(&mut b, inject);
     b.arg(&s64).arg(&w64).arg(&r64).arg(&wl64).arg(&eps);
+    // Threads: enough that each holds HC_ACT_CHUNKS 16-byte chunks of the row (the fixed path),
+    // at least a warp per output of the block (each finishes one), at most 512 (the kernel's
+    // launch bounds; past that it takes its general path, which any block size serves).
+    let chunk = match down {
+        DeviceMatrix::F32(_) => 4,
+        DeviceMatrix::Bf16(_) => 8,
+    };
+    let threads = (width.div_ceil(chunk).div_ceil(HC_ACT_CHUNKS))
+        .next_multiple_of(32)
+        .clamp(32 * per_block, 512);
     let cfg = LaunchConfig {
-        grid_dim: ((rank + streams) as u32, rows as u32, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: ((rank + streams).div_ceil(per_block) as u32, rows as u32, 1),
+        block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: shapes checked above; block (o, t) writes act[t, o] or inj[t, o - R], block (0, t)
-    // the C inverse RMS of row t; 16-byte loads only where the widths and addresses allow.
+    // SAFETY: shapes checked above; block (b, t) writes act[t, o] or inj[t, o - R] for its
+    // outputs o = b*per_block.. (< R + C), block (0, t) the C inverse RMS of row t; 16-byte loads
+    // only where the widths and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.launch_builder(&f);
