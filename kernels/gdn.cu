@@ -87,10 +87,10 @@ extern "C" __global__ void gdn_gates_reference_f32(float* beta, float* g, const 
 #define GDN_MAX_THREADS 512
 #define GDN_MAX_WARPS (GDN_MAX_THREADS / 32)
 
-extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
-    gdn_recurrence_reference_f32(float* out, float* state, const float* qkv, const float* beta, const float* g,
-                                 int rows, int key_heads, int value_heads, int dk, int dv) {
-    wait_for_producers();
+// `gates(t, h, beta, g)`: token t's gates of value head h (given, or formed from b and a).
+template <typename Gates>
+__device__ __forceinline__ void gdn_recurrence(float* out, float* state, const float* qkv, Gates gates, int rows,
+                                               int key_heads, int value_heads, int dk, int dv) {
     __shared__ float qs[GDN_MAX_THREADS], ks[GDN_MAX_THREADS];
     __shared__ float sum_q[GDN_MAX_WARPS], sum_k[GDN_MAX_WARPS];
     __shared__ float part_kv[GDN_MAX_WARPS][GDN_COLS], part_o[GDN_MAX_WARPS][GDN_COLS];
@@ -133,8 +133,9 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
         }
         __syncthreads();
         // 2. Decay, and this warp's share of (Sᵀk)_j.
-        const float decay = expf(g[(long)t * value_heads + h]);
-        const float b = beta[(long)t * value_heads + h];
+        float b, gt;
+        gates(t, h, b, gt);
+        const float decay = expf(gt);
         float p = 0.0f;
 #pragma unroll
         for (int r = 0; r < GDN_ROWS; r++) {
@@ -173,4 +174,36 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
 #pragma unroll
     for (int r = 0; r < GDN_ROWS; r++)
         if (col && row0 + r < dk) S[(long)(row0 + r) * dv + j] = s[r];
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
+    gdn_recurrence_reference_f32(float* out, float* state, const float* qkv, const float* beta, const float* g,
+                                 int rows, int key_heads, int value_heads, int dk, int dv) {
+    wait_for_producers();
+    gdn_recurrence(
+        out, state, qkv,
+        [&](int t, int h, float& b, float& gt) {
+            b = beta[(long)t * value_heads + h];
+            gt = g[(long)t * value_heads + h];
+        },
+        rows, key_heads, value_heads, dk, dv);
+}
+
+// The gates folded in (`Op::GdnGatedRecurrence`): each block forms its head's beta and g from b
+// and a with gdn_gates_reference_f32's expressions (compiled into this kernel they may round
+// differently: tests/gpu_gdn.rs holds both to the CPU reference), and the gate kernel's launch
+// is gone.
+extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
+    gdn_gated_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
+                             const float* a_log, const float* dt_bias, int rows, int key_heads, int value_heads,
+                             int dk, int dv) {
+    wait_for_producers();
+    gdn_recurrence(
+        out, state, qkv,
+        [&](int t, int h, float& b, float& gt) {
+            const long i = (long)t * value_heads + h;
+            b = sigmoid_f32(b_in[i]);
+            gt = -expf(a_log[h]) * softplus_f32(a_in[i] + dt_bias[h]);
+        },
+        rows, key_heads, value_heads, dk, dv);
 }

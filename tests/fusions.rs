@@ -183,6 +183,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "linear_hc_write",
             "moe_shared_write",
             "hc_read",
+            "gdn_gated_recurrence",
         ] {
             assert!(
                 counts[name] > 0,
@@ -210,7 +211,37 @@ fn fusion_predicates_follow_the_device_and_the_step() {
         );
     }
     assert!(
-        cuda_64["sigmoid_gated_add"] > 0 && cuda_64["hc_inject"] > 0,
+        cuda_64["sigmoid_gated_add"] > 0
+            && cuda_64["hc_inject"] > 0
+            && cuda_64["gdn_gated_recurrence"] > 0,
         "{cuda_64:?}"
     );
+}
+
+/// A pattern argument `id.N` binds only output N of that pattern node: GDN's recurrence reads
+/// the gates' `beta` (output 0) then `g` (output 1), so the pattern with the two swapped matches
+/// nothing, and the stateful recurrence it fuses keeps its state.
+#[test]
+fn a_pattern_output_index_binds_only_that_output() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    let mut graphs = GraphSet::embedded().unwrap();
+    let lowered = lower(&plan, &graphs, &opts).unwrap();
+    assert!(lowered.fusion_counts["gdn_gated_recurrence"] > 0);
+    let fused = lowered
+        .program
+        .nodes
+        .iter()
+        .find(|n| n.fused.as_deref() == Some("gdn_gated_recurrence"))
+        .unwrap();
+    assert_eq!(fused.states.len(), 1, "{fused:?}");
+    let f = graphs
+        .fusions
+        .iter_mut()
+        .find(|f| f.name == "gdn_gated_recurrence")
+        .unwrap();
+    f.pattern[1].args = vec!["$qkv".into(), "gates.1".into(), "gates.0".into()];
+    let swapped = lower(&plan, &graphs, &opts).unwrap();
+    assert_eq!(swapped.fusion_counts["gdn_gated_recurrence"], 0);
 }

@@ -277,6 +277,26 @@ fn exec_node(
                 gdn::recurrence(qkv, inputs[1].f32().0, inputs[2].f32().0, st, rows, &shape),
             )
         }
+        Op::GdnGatedRecurrence {
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        } => {
+            let (qkv, rows) = inputs[0].f32();
+            let shape = gdn::GdnShape {
+                key_heads: *key_heads,
+                value_heads: *value_heads,
+                key_dim: *key_dim,
+                value_dim: *value_dim,
+            };
+            let st = fixed_buf(&mut states[0]);
+            let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
+            one(
+                rows,
+                gdn::gated_recurrence(qkv, b, a, &w[0].data, &w[1].data, st, rows, &shape),
+            )
+        }
         Op::GatedRmsNorm { head_dim } => {
             let (x, rows) = inputs[0].f32();
             one(

@@ -91,6 +91,14 @@ pub enum Op<D> {
         key_dim: D,
         value_dim: D,
     },
+    /// `GdnGates` then `GdnRecurrence` as one op (fusion `gdn_gated_recurrence`): inputs the conv
+    /// output and `b, a [T, Vh]`, weights `A_log, dt_bias [Vh]`, state `[Vh, dk, dv]` → `o`.
+    GdnGatedRecurrence {
+        key_heads: D,
+        value_heads: D,
+        key_dim: D,
+        value_dim: D,
+    },
     /// Per-head RMS norm with a plain weight `[head_dim]`, times `act(gate)`; act from constants.
     GatedRmsNorm {
         head_dim: D,
@@ -216,6 +224,7 @@ impl<D> Op<D> {
             Op::CausalConv { .. } => "causal_conv",
             Op::GdnGates => "gdn_gates",
             Op::GdnRecurrence { .. } => "gdn_recurrence",
+            Op::GdnGatedRecurrence { .. } => "gdn_gated_recurrence",
             Op::GatedRmsNorm { .. } => "gated_rms_norm",
             Op::SplitQGate { .. } => "split_q_gate",
             Op::Rope { .. } => "rope",
@@ -321,6 +330,17 @@ impl<D> Op<D> {
                 key_dim,
                 value_dim,
             } => Op::GdnRecurrence {
+                key_heads: f(key_heads)?,
+                value_heads: f(value_heads)?,
+                key_dim: f(key_dim)?,
+                value_dim: f(value_dim)?,
+            },
+            Op::GdnGatedRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            } => Op::GdnGatedRecurrence {
                 key_heads: f(key_heads)?,
                 value_heads: f(value_heads)?,
                 key_dim: f(key_dim)?,

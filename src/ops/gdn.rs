@@ -112,3 +112,20 @@ pub fn recurrence(
     }
     out
 }
+
+/// `gates` then `recurrence` (`Op::GdnGatedRecurrence`, the fused op): the gates formed from
+/// `b`, `a [tokens, Vh]` and `a_log`, `dt_bias [Vh]` feed the recurrence as they are.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_recurrence(
+    qkv: &[f32],
+    b: &[f32],
+    a: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    tokens: usize,
+    s: &GdnShape,
+) -> Vec<f32> {
+    let (beta, g) = gates(b, a, a_log, dt_bias);
+    recurrence(qkv, &beta, &g, state, tokens, s)
+}

@@ -31,12 +31,39 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
     match kind {
         "linear" => &["rows", "tiled"],
         "moe_experts" => &["token_major", "expert_major"],
-        "embed" | "repeat_streams" | "rms_norm" | "div_by" | "mul_by" | "silu" | "sigmoid"
-        | "mul" | "add" | "slice" | "stream_mean" | "hc_write" | "causal_conv" | "gdn_gates"
-        | "gdn_recurrence" | "gated_rms_norm" | "split_q_gate" | "rope" | "indexer_select"
-        | "attention" | "moe_router" | "ple_ngram_ids" | "ple_gate" | "last_row" | "hc_mix"
-        | "hc_inject" | "swiglu_linear" | "sigmoid_gated_add" | "linear_hc_write"
-        | "linear_group" | "moe_shared_write" | "hc_read" => &["reference"],
+        "embed"
+        | "repeat_streams"
+        | "rms_norm"
+        | "div_by"
+        | "mul_by"
+        | "silu"
+        | "sigmoid"
+        | "mul"
+        | "add"
+        | "slice"
+        | "stream_mean"
+        | "hc_write"
+        | "causal_conv"
+        | "gdn_gates"
+        | "gdn_recurrence"
+        | "gdn_gated_recurrence"
+        | "gated_rms_norm"
+        | "split_q_gate"
+        | "rope"
+        | "indexer_select"
+        | "attention"
+        | "moe_router"
+        | "ple_ngram_ids"
+        | "ple_gate"
+        | "last_row"
+        | "hc_mix"
+        | "hc_inject"
+        | "swiglu_linear"
+        | "sigmoid_gated_add"
+        | "linear_hc_write"
+        | "linear_group"
+        | "moe_shared_write"
+        | "hc_read" => &["reference"],
         _ => &[],
     }
 }

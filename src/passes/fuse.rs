@@ -1,7 +1,8 @@
 //! Fusion: rewrite every match of a fusion pattern into one node of the fused op.
 //!
 //! A pattern is matched backwards from its last node (the output): each non-`$` argument must be
-//! produced by the pattern node it names, `$` arguments bind outside values (the same variable must
+//! produced by the pattern node it names (`id`, or `id.N` for its output N), `$` arguments bind
+//! outside values (the same variable must
 //! bind the same value everywhere), weight variables bind weights likewise. Pattern nodes that the
 //! walk back from the last one does not reach (a second output reading a shared intermediate,
 //! as the hyper-connection read's `x` and `inj` both read `hn`) are then bound among the consumers
@@ -9,7 +10,9 @@
 //! the values of the pattern's `outputs` (default: the last node). The fused node takes the first
 //! output node's name, the outputs' values, and the position of the match's last node in program
 //! order: every outside input is produced before the node that reads it, so before that position,
-//! and a match whose output is read outside before that position is refused.
+//! and a match whose output is read outside before that position is refused. The fused node
+//! carries the matched nodes' states in pattern order (a state belongs to one node, so moving
+//! its node reorders no access to it).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -85,7 +88,7 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
     let ids: Vec<&str> = f.pattern.iter().map(|p| p.id.as_str()).collect();
     for (i, p) in f.pattern.iter().enumerate() {
         for a in &p.args {
-            if !a.starts_with('$') && !ids[..i].contains(&a.as_str()) {
+            if !a.starts_with('$') && !ids[..i].contains(&pattern_ref(a).0) {
                 return Err(err(format!(
                     "pattern node `{}` reads `{a}`, which is no earlier pattern node",
                     p.id
@@ -121,6 +124,18 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
         }
     }
     Ok(())
+}
+
+/// A pattern argument naming a pattern node: `id` (any of its outputs) or `id.N` (its output N,
+/// for a node with several, as GDN's gates `beta` and `g`).
+fn pattern_ref(arg: &str) -> (&str, Option<usize>) {
+    match arg.rsplit_once('.') {
+        Some((id, n)) => match n.parse() {
+            Ok(n) => (id, Some(n)),
+            Err(_) => (arg, None),
+        },
+        None => (arg, None),
+    }
 }
 
 fn producer_map(p: &Program) -> HashMap<&str, usize> {
@@ -245,7 +260,7 @@ fn bind(
     }
     let pat = &fusion.pattern[pi];
     let node: &Node = &program.nodes[ni];
-    if node.op.kind() != pat.op || !node.states.is_empty() {
+    if node.op.kind() != pat.op {
         return false;
     }
     if let Some(op) = &exact[pi] {
@@ -271,7 +286,11 @@ fn bind(
             let Some(&producer) = producers.get(value.as_str()) else {
                 return false;
             };
-            let Some(target) = fusion.pattern.iter().position(|p| &p.id == arg) else {
+            let (id, output) = pattern_ref(arg);
+            if output.is_some_and(|n| program.nodes[producer].outputs.get(n) != Some(value)) {
+                return false;
+            }
+            let Some(target) = fusion.pattern.iter().position(|p| p.id == id) else {
                 return false;
             };
             if !bind(program, fusion, exact, target, producer, producers, m) {
@@ -325,7 +344,12 @@ fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, m: Match) {
             .iter()
             .map(|w| m.vars[w].clone())
             .collect(),
-        states: Vec::new(),
+        // The matched nodes' states, in pattern order (the fused op's state list).
+        states: m
+            .nodes
+            .iter()
+            .flat_map(|&k| program.nodes[k].states.clone())
+            .collect(),
         variant: String::new(),
         rule: String::new(),
         fused: Some(fusion.name.clone()),

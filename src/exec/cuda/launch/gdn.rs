@@ -151,6 +151,23 @@ pub fn gdn_gates(
     Ok((beta, g))
 }
 
+/// Where the recurrence takes each token's gates from.
+pub enum GdnGates<'a> {
+    /// `beta`, `g [rows, Vh]` as `gdn_gates` makes them.
+    Given {
+        beta: &'a CudaSlice<f32>,
+        g: &'a CudaSlice<f32>,
+    },
+    /// Formed in the recurrence's kernel from `b`, `a [rows, Vh]` and `A_log`, `dt_bias [Vh]`
+    /// (`Op::GdnGatedRecurrence`), with the same expressions as `gdn_gates`.
+    Raw {
+        b: &'a CudaSlice<f32>,
+        a: &'a CudaSlice<f32>,
+        a_log: &'a CudaSlice<f32>,
+        dt_bias: &'a CudaSlice<f32>,
+    },
+}
+
 /// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with `beta`, `g`
 /// `[rows, Vh]`; `state [Vh, dk, dv]` is updated in place. Returns `o [rows, Vh*dv]`.
 pub fn gdn_recurrence(
@@ -162,7 +179,22 @@ pub fn gdn_recurrence(
     rows: usize,
     s: &GdnShape,
 ) -> Result<Buf<f32>, CudaError> {
-    let name = "gdn_recurrence_reference_f32";
+    gdn_recurrence_with(gpu, qkv, GdnGates::Given { beta, g }, state, rows, s)
+}
+
+/// The recurrence with its gates given or formed in the kernel (`GdnGates`).
+pub fn gdn_recurrence_with(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    gates: GdnGates<'_>,
+    state: &mut CudaSlice<f32>,
+    rows: usize,
+    s: &GdnShape,
+) -> Result<Buf<f32>, CudaError> {
+    let name = match gates {
+        GdnGates::Given { .. } => "gdn_recurrence_reference_f32",
+        GdnGates::Raw { .. } => "gdn_gated_recurrence_f32",
+    };
     // Must match GDN_COLS and GDN_MAX_THREADS in kernels/gdn.cu.
     const COLS: usize = 32;
     const MAX_DK: usize = 512;
@@ -180,18 +212,27 @@ pub fn gdn_recurrence(
         || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {MAX_DK}), dv {dv}, rows {rows}"),
     )?;
     let width = 2 * kh * dk + vh * dv;
+    // [rows*Vh] twice (beta and g, or b and a), then [Vh] twice (A_log and dt_bias).
+    let gate_lens = match gates {
+        GdnGates::Given { beta, g } => vec![beta.len(), g.len()],
+        GdnGates::Raw {
+            b,
+            a,
+            a_log,
+            dt_bias,
+        } => vec![b.len(), a.len(), a_log.len(), dt_bias.len()],
+    };
     shape(
         name,
         qkv.len() == rows * width
-            && beta.len() == rows * vh
-            && g.len() == rows * vh
+            && gate_lens[..2].iter().all(|&n| n == rows * vh)
+            && gate_lens[2..].iter().all(|&n| n == vh)
             && state.len() == vh * dk * dv,
         || {
             format!(
-                "rows {rows} of width {width}: qkv {}, beta {}, g {}, state {} values (want {})",
+                "rows {rows} of width {width}: qkv {}, gates {gate_lens:?}, state {} values \
+                 (want [rows*Vh] twice, then [Vh] for A_log and dt_bias; state {})",
                 qkv.len(),
-                beta.len(),
-                g.len(),
                 state.len(),
                 vh * dk * dv
             )
@@ -206,16 +247,17 @@ pub fn gdn_recurrence(
         shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *out)
-        .arg(&mut *state)
-        .arg(qkv)
-        .arg(beta)
-        .arg(g)
-        .arg(&r32)
-        .arg(&kh32)
-        .arg(&vh32)
-        .arg(&dk32)
-        .arg(&dv32);
+    b.arg(&mut *out).arg(&mut *state).arg(qkv);
+    match gates {
+        GdnGates::Given { beta, g } => b.arg(beta).arg(g),
+        GdnGates::Raw {
+            b: bv,
+            a,
+            a_log,
+            dt_bias,
+        } => b.arg(bv).arg(a).arg(a_log).arg(dt_bias),
+    };
+    b.arg(&r32).arg(&kh32).arg(&vh32).arg(&dk32).arg(&dv32);
     // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h,
     // columns [32c, 32c+32) ∩ [0, dv), and o's columns of the same; blockDim is 32*ceil(dk/32) ≤
     // GDN_MAX_THREADS, so the kernel's shared arrays cover dk.
