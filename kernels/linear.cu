@@ -243,35 +243,30 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
 #pragma unroll
         for (int g = 0; g < G; g++) acc[g] = 0.0f;
         if (vec) {
+            // U chunks of each of the G rows in flight, kept packed (4 registers each) until
+            // their products: fewer registers, more blocks a multiprocessor.
             const long chunks = k / N;
-            long i = threadIdx.x;
-            for (; i + (U - 1) * stride < chunks; i += U * stride) {
-                float wv[U][G][N];
+            for (long i = threadIdx.x; i < chunks; i += U * stride) {
+                uint4 raw[U][G];
 #pragma unroll
                 for (int u = 0; u < U; u++)
 #pragma unroll
                     for (int g = 0; g < G; g++)
-                        if (g < here) WeightVec<W>::chunk(w + (r0 + g) * k, i + u * stride, wv[u][g]);
+                        if (g < here && i + u * stride < chunks)
+                            raw[u][g] = WeightVec<W>::load(w + (r0 + g) * k, i + u * stride);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
+                    if (i + u * stride >= chunks) break;
                     float xv[N];
                     act_chunk<N>(x, i + u * stride, xv);
 #pragma unroll
-                    for (int g = 0; g < G; g++)
+                    for (int g = 0; g < G; g++) {
+                        if (g < here) {
+                            float wv[N];
+                            WeightVec<W>::unpack(raw[u][g], wv);
 #pragma unroll
-                        for (int j = 0; j < N; j++) acc[g] += wv[u][g][j] * xv[j];
-                }
-            }
-            for (; i < chunks; i += stride) {
-                float xv[N];
-                act_chunk<N>(x, i, xv);
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-                    if (g < here) {
-                        float wv[N];
-                        WeightVec<W>::chunk(w + (r0 + g) * k, i, wv);
-#pragma unroll
-                        for (int j = 0; j < N; j++) acc[g] += wv[j] * xv[j];
+                            for (int j = 0; j < N; j++) acc[g] += wv[j] * xv[j];
+                        }
                     }
                 }
             }
@@ -299,8 +294,13 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
 }
 
 // Loads in flight per thread: U chunks of each of the G rows (about four in all).
+// Blocks of 256 threads (launch::linear); enough of them resident a multiprocessor that its
+// loads in flight cover the memory latency (the compiler keeps registers within the bound).
+#define GROUP_BOUNDS __launch_bounds__(256, 5)
+#define PARTS_BOUNDS __launch_bounds__(256, 6)
+
 #define GROUP_KERNELS(G, U, W, SUFFIX)                                                                       \
-    extern "C" __global__ void linear_group1_g##G##u##U##_##SUFFIX(float* y, const float* x, const W* w, long k,     \
+    extern "C" __global__ void GROUP_BOUNDS linear_group1_g##G##u##U##_##SUFFIX(float* y, const float* x, const W* w, long k,     \
                                                               long n) {                                       \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
@@ -308,7 +308,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
             if ((threadIdx.x & 31) == 0) y[r] = s;                                                            \
         });                                                                                                   \
     }                                                                                                         \
-    extern "C" __global__ void linear_hc_write_group1_g##G##u##U##_##SUFFIX(                                        \
+    extern "C" __global__ void GROUP_BOUNDS linear_hc_write_group1_g##G##u##U##_##SUFFIX(                                        \
         float* out, const float* h, const float* inj, const float* x, const W* w, long k, long n, int streams) { \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
@@ -372,7 +372,7 @@ __device__ __forceinline__ void prefetch_part_rows(const Part<W>& p, long k) {
 }
 
 #define PARTS_KERNEL(W, SUFFIX)                                                                               \
-    extern "C" __global__ void linear_parts1_##SUFFIX(float* y0, float* y1, float* y2, float* y3, const float* x, \
+    extern "C" __global__ void PARTS_BOUNDS linear_parts1_##SUFFIX(float* y0, float* y1, float* y2, float* y3, const float* x, \
                                                       const W* w0, const W* w1, const W* w2, const W* w3,       \
                                                       long n0, long n1, long n2, long n3, int parts, long k) {  \
         const Part<W> p = part_of<W>(w0, w1, w2, w3, y0, y1, y2, y3, n0, n1, n2, n3, parts);                  \
