@@ -258,44 +258,18 @@ fn exec_node(
                 Val::F32 { rows, data: g },
             ])
         }
-        Op::GdnRecurrence {
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        } => {
+        Op::GdnRecurrence { .. } | Op::GdnGatedRecurrence { .. } => {
+            let shape = gdn::GdnShape::of(&node.op).expect("a recurrence op");
             let (qkv, rows) = inputs[0].f32();
-            let shape = gdn::GdnShape {
-                key_heads: *key_heads,
-                value_heads: *value_heads,
-                key_dim: *key_dim,
-                value_dim: *value_dim,
-            };
             let st = fixed_buf(&mut states[0]);
-            one(
-                rows,
-                gdn::recurrence(qkv, inputs[1].f32().0, inputs[2].f32().0, st, rows, &shape),
-            )
-        }
-        Op::GdnGatedRecurrence {
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        } => {
-            let (qkv, rows) = inputs[0].f32();
-            let shape = gdn::GdnShape {
-                key_heads: *key_heads,
-                value_heads: *value_heads,
-                key_dim: *key_dim,
-                value_dim: *value_dim,
+            let (x1, x2) = (inputs[1].f32().0, inputs[2].f32().0);
+            let o = match node.op {
+                // x1, x2: beta and g.
+                Op::GdnRecurrence { .. } => gdn::recurrence(qkv, x1, x2, st, rows, &shape),
+                // x1, x2: b and a, the gates' inputs.
+                _ => gdn::gated_recurrence(qkv, x1, x2, &w[0].data, &w[1].data, st, rows, &shape),
             };
-            let st = fixed_buf(&mut states[0]);
-            let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
-            one(
-                rows,
-                gdn::gated_recurrence(qkv, b, a, &w[0].data, &w[1].data, st, rows, &shape),
-            )
+            one(rows, o)
         }
         Op::GatedRmsNorm { head_dim } => {
             let (x, rows) = inputs[0].f32();

@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use super::sigmoid;
+use crate::ir::Op;
 
 /// torch's softplus (beta 1, threshold 20).
 fn softplus(x: f32) -> f32 {
@@ -39,6 +40,42 @@ pub struct GdnShape {
     pub value_heads: usize,
     pub key_dim: usize,
     pub value_dim: usize,
+}
+
+impl GdnShape {
+    /// The shape a recurrence op (`GdnRecurrence`, or `GdnGatedRecurrence` with its gates) runs.
+    pub fn of(op: &Op<usize>) -> Option<GdnShape> {
+        match *op {
+            Op::GdnRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            }
+            | Op::GdnGatedRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            } => Some(GdnShape {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The plain recurrence op of this shape.
+    pub fn recurrence_op(&self) -> Op<usize> {
+        Op::GdnRecurrence {
+            key_heads: self.key_heads,
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
+        }
+    }
 }
 
 /// The recurrence over `tokens` rows of `qkv` (channels `[q | k | v]`, heads contiguous), with

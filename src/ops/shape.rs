@@ -166,21 +166,13 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(value_heads * value_dim)
         }
-        Op::GdnGatedRecurrence {
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        } => {
+        Op::GdnGatedRecurrence { .. } => {
             // The gates' inputs and weights, then the recurrence over them.
             expect_inputs(inputs, 3)?;
             let gates = infer(&Op::GdnGates, &inputs[1..], weights)?;
-            let recurrence = Op::GdnRecurrence {
-                key_heads: *key_heads,
-                value_heads: *value_heads,
-                key_dim: *key_dim,
-                value_dim: *value_dim,
-            };
+            let recurrence = crate::ops::gdn::GdnShape::of(op)
+                .expect("a recurrence op")
+                .recurrence_op();
             infer(&recurrence, &[inputs[0], gates[0], gates[1]], &[])
         }
         Op::GatedRmsNorm { head_dim } => {

@@ -907,41 +907,18 @@ fn launch_node<'v>(
             )?;
             vec![DVal::F32 { rows, buf: beta }, DVal::F32 { rows, buf: g }]
         }
-        Op::GdnRecurrence {
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        } => {
+        Op::GdnRecurrence { .. } | Op::GdnGatedRecurrence { .. } => {
+            let shape = GdnShape::of(&node.op).expect("a recurrence op");
             let (qkv, rows) = arg(0).f32();
-            let shape = GdnShape {
-                key_heads: *key_heads,
-                value_heads: *value_heads,
-                key_dim: *key_dim,
-                value_dim: *value_dim,
-            };
-            let st = f32_state(&mut bufs[0]);
-            let y = gdn::gdn_recurrence(gpu, qkv, arg(1).f32().0, arg(2).f32().0, st, rows, &shape);
-            vec![DVal::F32 { rows, buf: y? }]
-        }
-        Op::GdnGatedRecurrence {
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        } => {
-            let (qkv, rows) = arg(0).f32();
-            let shape = GdnShape {
-                key_heads: *key_heads,
-                value_heads: *value_heads,
-                key_dim: *key_dim,
-                value_dim: *value_dim,
-            };
-            let gates = gdn::GdnGates::Raw {
-                b: arg(1).f32().0,
-                a: arg(2).f32().0,
-                a_log: weights.vector(w(0))?,
-                dt_bias: weights.vector(w(1))?,
+            let (x1, x2) = (arg(1).f32().0, arg(2).f32().0);
+            let gates = match node.op {
+                Op::GdnRecurrence { .. } => gdn::GdnGates::Given { beta: x1, g: x2 },
+                _ => gdn::GdnGates::Raw {
+                    b: x1,
+                    a: x2,
+                    a_log: weights.vector(w(0))?,
+                    dt_bias: weights.vector(w(1))?,
+                },
             };
             let st = f32_state(&mut bufs[0]);
             let y = gdn::gdn_recurrence_with(gpu, qkv, gates, st, rows, &shape);
