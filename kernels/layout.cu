@@ -332,9 +332,9 @@ __device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_o
     HC_READ_ACT_KERNEL(W, SUFFIX, 1)                                                                          \
     HC_READ_ACT_KERNEL(W, SUFFIX, 2)                                                                          \
     HC_READ_ACT_KERNEL(W, SUFFIX, 4)                                                                          \
-    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_##SUFFIX(float* y, const float* h, const float* inv,             \
-                                                     const float* w, const float* act, const W* up, long rows, \
-                                                     long streams, long hid, long rank, long w_len) {         \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_##SUFFIX(                                           \
+        float* y, const float* h, const float* inv, const float* w, const float* act, const W* up, long rows,  \
+        long streams, long hid, long rank, long w_len) {                                                      \
         const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
         if (threadIdx.x < streams && c0 < hid)                                                                \
             prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
@@ -364,8 +364,8 @@ HC_READ_KERNELS(bf16_t, bf16)
         wait_for_producers();                                                                                        \
         hc_mix_act_block<W>(act, hn, down, rows, streams, width, rank);                                              \
     }                                                                                                                \
-    extern "C" __global__ void HC_GATE_BOUNDS hc_mix_gate_##SUFFIX(float* y, const float* hn, const float* act, const W* up,        \
-                                                    long rows, long streams, long hid, long rank) {                  \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_mix_gate_##SUFFIX(                                                  \
+        float* y, const float* hn, const float* act, const W* up, long rows, long streams, long hid, long rank) {    \
         /* the rows of `up` this block reads first: a warp per channel c, one row per stream */                      \
         const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                        \
         if (threadIdx.x < streams && c0 < hid)                                                                       \

@@ -381,4 +381,19 @@ fn layout_shape_errors_name_the_kernel() {
 
     let err = layout::last_row(&gpu, &x, 5).expect_err("a shape error");
     assert!(err.to_string().contains("last_row"), "{err}");
+
+    // hc_read over h [1, 4 streams x 3], rank 1: a first-kernel variant with no kernel.
+    let (h, norm) = (
+        gpu.upload(&[1.0f32; 12], "h").unwrap(),
+        gpu.upload(&[0.0f32; 12], "norm").unwrap(),
+    );
+    let inject = DeviceMatrix::Bf16(gpu.upload(&[0u16; 48], "inject").unwrap());
+    let three = HcReadAct {
+        outputs_per_block: 3,
+    };
+    let err = layout::hc_read_with(
+        &gpu, &h, &norm, &bf16_w, &bf16_w, &inject, 1, 4, 1e-6, three,
+    )
+    .expect_err("no such variant");
+    assert!(err.to_string().contains("hc_read_act"), "{err}");
 }

@@ -2,17 +2,16 @@
 //!
 //! A pattern is matched backwards from its last node (the output): each non-`$` argument must be
 //! produced by the pattern node it names (`id`, or `id.N` for its output N), `$` arguments bind
-//! outside values (the same variable must
-//! bind the same value everywhere), weight variables bind weights likewise. Pattern nodes that the
-//! walk back from the last one does not reach (a second output reading a shared intermediate,
-//! as the hyper-connection read's `x` and `inj` both read `hn`) are then bound among the consumers
-//! of the nodes already bound. Values produced inside a match may not be used outside it, except
-//! the values of the pattern's `outputs` (default: the last node). The fused node takes the first
-//! output node's name, the outputs' values, and the position of the match's last node in program
-//! order: every outside input is produced before the node that reads it, so before that position,
-//! and a match whose output is read outside before that position is refused. The fused node
-//! carries the matched nodes' states in pattern order (a state belongs to one node, so moving
-//! its node reorders no access to it).
+//! outside values (the same variable must bind the same value everywhere), weight variables bind
+//! weights likewise. Pattern nodes that the walk back from the last one does not reach (a second
+//! output reading a shared intermediate, as the hyper-connection read's `x` and `inj` both read
+//! `hn`) are then bound among the consumers of the nodes already bound. Values produced inside a
+//! match may not be used outside it, except the values of the pattern's `outputs` (default: the
+//! last node). The fused node takes the first output node's name, the outputs' values, and the
+//! position of the match's last node in program order: every outside input is produced before the
+//! node that reads it, so before that position, and a match whose output is read outside before
+//! that position is refused. The fused node carries the matched nodes' states in pattern order (a
+//! state belongs to one node, so moving its node reorders no access to it).
 
 use std::collections::{BTreeMap, HashMap};
 

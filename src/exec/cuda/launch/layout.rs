@@ -378,6 +378,9 @@ pub fn hc_read_with(
     variant: HcReadAct,
 ) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
     let per_block = variant.outputs_per_block;
+    shape("hc_read_act", HcReadAct::ALL.contains(&variant), || {
+        format!("{per_block} outputs a block: kernels/layout.cu has 1, 2 and 4")
+    })?;
     let act_name = down.kernel(&format!("hc_read_act_r{per_block}"));
     let gate_name = down.kernel("hc_read_gate");
     let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
