@@ -168,6 +168,11 @@ fn gdn_gates_match_the_cpu_reference() {
     println!("{} gdn_gates checks passed", report.0.len());
 }
 
+/// The recurrence's gates as `gdn_gates` makes them.
+fn given<'a>(beta: &'a CudaSlice<f32>, g: &'a CudaSlice<f32>) -> gdn::GdnGates<'a> {
+    gdn::GdnGates::Given { beta, g }
+}
+
 /// The gates' own inputs: `b`, `a [rows, Vh]`, `A_log`, `dt_bias [Vh]`.
 type RawGates = [Vec<f32>; 4];
 
@@ -240,7 +245,7 @@ fn gdn_recurrence_matches_the_cpu_reference() {
                 gpu.upload(&g, "g").unwrap(),
             );
             let mut dstate = gpu.upload(&state0, "state").unwrap();
-            let o = gdn::gdn_recurrence(&gpu, &dq, &db, &dg, &mut dstate, rows, s).unwrap();
+            let o = gdn::gdn_recurrence(&gpu, &dq, given(&db, &dg), &mut dstate, rows, s).unwrap();
             let sh = format!("T{rows} {name} a{a_shift:+}");
             report.check(
                 "gdn_recurrence_reference_f32 o",
@@ -279,7 +284,7 @@ fn gdn_recurrence_matches_the_cpu_reference() {
                 a_log: &draw[2],
                 dt_bias: &draw[3],
             };
-            let o2 = gdn::gdn_recurrence_with(&gpu, &dq, gates, &mut dstate2, rows, s).unwrap();
+            let o2 = gdn::gdn_recurrence(&gpu, &dq, gates, &mut dstate2, rows, s).unwrap();
             let (o2, s2) = (down(&gpu, &o2), down(&gpu, &dstate2));
             report.check("gdn_gated_recurrence_f32 o", &sh, &o2, &want2);
             report.check("gdn_gated_recurrence_f32 S", &sh, &s2, &cpu_state2);
@@ -311,17 +316,27 @@ fn gdn_recurrence_matches_the_cpu_reference() {
         let mut dstate = up(&state0);
         let gpu_whole = down(
             &gpu,
-            &gdn::gdn_recurrence(&gpu, &up(&qkv), &up(&beta), &up(&g), &mut dstate, 8, s).unwrap(),
+            &gdn::gdn_recurrence(
+                &gpu,
+                &up(&qkv),
+                given(&up(&beta), &up(&g)),
+                &mut dstate,
+                8,
+                s,
+            )
+            .unwrap(),
         );
         let gpu_whole_state = down(&gpu, &dstate);
         let mut dstate = up(&state0);
         let mut gpu_split = down(
             &gpu,
-            &gdn::gdn_recurrence(&gpu, &up(q5), &up(b5), &up(g5), &mut dstate, 5, s).unwrap(),
+            &gdn::gdn_recurrence(&gpu, &up(q5), given(&up(b5), &up(g5)), &mut dstate, 5, s)
+                .unwrap(),
         );
         gpu_split.extend(down(
             &gpu,
-            &gdn::gdn_recurrence(&gpu, &up(q3), &up(b3), &up(g3), &mut dstate, 3, s).unwrap(),
+            &gdn::gdn_recurrence(&gpu, &up(q3), given(&up(b3), &up(g3)), &mut dstate, 3, s)
+                .unwrap(),
         ));
         let gpu_split_state = down(&gpu, &dstate);
         report.same(
@@ -381,7 +396,7 @@ fn gdn_shape_errors_name_the_kernel() {
     let qkv = gpu.upload(&vec![0.0f32; 2 * 1024 + 1], "qkv").unwrap();
     let one = gpu.upload(&[0.0f32], "one").unwrap();
     let mut state = gpu.upload(&vec![0.0f32; 1024], "state").unwrap();
-    let err = gdn::gdn_recurrence(&gpu, &qkv, &one, &one, &mut state, 1, &s)
+    let err = gdn::gdn_recurrence(&gpu, &qkv, given(&one, &one), &mut state, 1, &s)
         .expect_err("a shape error: dk above the kernel's limit");
     assert!(
         err.to_string().contains("gdn_recurrence_reference_f32"),

@@ -645,7 +645,7 @@ impl std::fmt::Display for BenchReport {
         if !self.linear_sweep.is_empty() {
             writeln!(
                 f,
-                "one-token linear variants, each shape's launches back to back (* the variant it takes):"
+                "one-token linear and hyper-connection read variants, each shape's launches back to back (* the variant it takes):"
             )?;
             writeln!(
                 f,

@@ -921,7 +921,7 @@ fn launch_node<'v>(
                 },
             };
             let st = f32_state(&mut bufs[0]);
-            let y = gdn::gdn_recurrence_with(gpu, qkv, gates, st, rows, &shape);
+            let y = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape);
             vec![DVal::F32 { rows, buf: y? }]
         }
         Op::GatedRmsNorm { head_dim } => {

@@ -168,22 +168,25 @@ pub enum GdnGates<'a> {
     },
 }
 
-/// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with `beta`, `g`
-/// `[rows, Vh]`; `state [Vh, dk, dv]` is updated in place. Returns `o [rows, Vh*dv]`.
-pub fn gdn_recurrence(
-    gpu: &Gpu,
-    qkv: &CudaSlice<f32>,
-    beta: &CudaSlice<f32>,
-    g: &CudaSlice<f32>,
-    state: &mut CudaSlice<f32>,
-    rows: usize,
-    s: &GdnShape,
-) -> Result<Buf<f32>, CudaError> {
-    gdn_recurrence_with(gpu, qkv, GdnGates::Given { beta, g }, state, rows, s)
+impl<'a> GdnGates<'a> {
+    /// The kernel, and its gate arguments in order: two `[rows, Vh]`, then (raw) two `[Vh]`.
+    fn kernel_and_args(&self) -> (&'static str, Vec<&'a CudaSlice<f32>>) {
+        match *self {
+            GdnGates::Given { beta, g } => ("gdn_recurrence_reference_f32", vec![beta, g]),
+            GdnGates::Raw {
+                b,
+                a,
+                a_log,
+                dt_bias,
+            } => ("gdn_gated_recurrence_f32", vec![b, a, a_log, dt_bias]),
+        }
+    }
 }
 
-/// The recurrence with its gates given or formed in the kernel (`GdnGates`).
-pub fn gdn_recurrence_with(
+/// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with the gates
+/// `gates` (given, or formed in the kernel); `state [Vh, dk, dv]` is updated in place. Returns
+/// `o [rows, Vh*dv]`.
+pub fn gdn_recurrence(
     gpu: &Gpu,
     qkv: &CudaSlice<f32>,
     gates: GdnGates<'_>,
@@ -191,10 +194,7 @@ pub fn gdn_recurrence_with(
     rows: usize,
     s: &GdnShape,
 ) -> Result<Buf<f32>, CudaError> {
-    let name = match gates {
-        GdnGates::Given { .. } => "gdn_recurrence_reference_f32",
-        GdnGates::Raw { .. } => "gdn_gated_recurrence_f32",
-    };
+    let (name, gate_args) = gates.kernel_and_args();
     // Must match GDN_COLS and GDN_MAX_THREADS in kernels/gdn.cu.
     const COLS: usize = 32;
     const MAX_DK: usize = 512;
@@ -212,16 +212,7 @@ pub fn gdn_recurrence_with(
         || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {MAX_DK}), dv {dv}, rows {rows}"),
     )?;
     let width = 2 * kh * dk + vh * dv;
-    // [rows*Vh] twice (beta and g, or b and a), then [Vh] twice (A_log and dt_bias).
-    let gate_lens = match gates {
-        GdnGates::Given { beta, g } => vec![beta.len(), g.len()],
-        GdnGates::Raw {
-            b,
-            a,
-            a_log,
-            dt_bias,
-        } => vec![b.len(), a.len(), a_log.len(), dt_bias.len()],
-    };
+    let gate_lens: Vec<usize> = gate_args.iter().map(|g| g.len()).collect();
     shape(
         name,
         qkv.len() == rows * width
@@ -248,15 +239,9 @@ pub fn gdn_recurrence_with(
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out).arg(&mut *state).arg(qkv);
-    match gates {
-        GdnGates::Given { beta, g } => b.arg(beta).arg(g),
-        GdnGates::Raw {
-            b: bv,
-            a,
-            a_log,
-            dt_bias,
-        } => b.arg(bv).arg(a).arg(a_log).arg(dt_bias),
-    };
+    for g in &gate_args {
+        b.arg(*g);
+    }
     b.arg(&r32).arg(&kh32).arg(&vh32).arg(&dk32).arg(&dv32);
     // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h,
     // columns [32c, 32c+32) ∩ [0, dv), and o's columns of the same; blockDim is 32*ceil(dk/32) ≤

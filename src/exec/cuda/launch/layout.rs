@@ -440,11 +440,7 @@ pub fn hc_read_with(
     // Threads: enough that each holds HC_ACT_CHUNKS 16-byte chunks of the row (the fixed path),
     // at least a warp per output of the block (each finishes one), at most 512 (the kernel's
     // launch bounds; past that it takes its general path, which any block size serves).
-    let chunk = match down {
-        DeviceMatrix::F32(_) => 4,
-        DeviceMatrix::Bf16(_) => 8,
-    };
-    let threads = (width.div_ceil(chunk).div_ceil(HC_ACT_CHUNKS))
+    let threads = (width.div_ceil(down.chunk_len()).div_ceil(HC_ACT_CHUNKS))
         .next_multiple_of(32)
         .clamp(32 * per_block, 512);
     let cfg = LaunchConfig {

@@ -37,6 +37,15 @@ impl DeviceMatrix {
         )
     }
 
+    /// Weights in a 16-byte chunk (the kernels' vector loads, `WeightVec<W>::N`): 4 f32 or 8
+    /// bf16.
+    pub fn chunk_len(&self) -> usize {
+        match self {
+            DeviceMatrix::F32(_) => 4,
+            DeviceMatrix::Bf16(_) => 8,
+        }
+    }
+
     /// The name of `base`'s kernel for this element type: `<base>_f32` or `<base>_bf16`.
     pub fn kernel(&self, base: &str) -> String {
         match self {

@@ -297,10 +297,7 @@ pub fn moe_experts(
 
     let f = gpu.function("moe.cu", down_kernel)?;
     let mut y = gpu.output::<f32>(rows * hidden, down_kernel)?;
-    let chunk = match down {
-        DeviceMatrix::F32(_) => 4,
-        DeviceMatrix::Bf16(_) => 8,
-    };
+    let chunk = down.chunk_len();
     let lanes = down_lanes(intermediate, chunk) as i32;
     // A block per output row, a warp per round of slots (`experts_down` in kernels/moe.cu).
     let per_round = (32 / lanes as usize) * DOWN_PASSES;
