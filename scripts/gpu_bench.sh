@@ -7,11 +7,7 @@
 # Writes $OUT/bench.log (a header with the command and date, then the table) and $OUT/bench.json
 # (or results/ when OUT is unset); commit them under results/<date>-bench-*.{log,json}.
 # Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0
-export GRAPHRUN_KERNEL_CACHE="${GRAPHRUN_KERNEL_CACHE:-/tmp/graphrun-kernels}"
-out="${OUT:-results}"
+source "$(dirname "$0")/gpu_env.sh"
 args=("$@")
 if [ ${#args[@]} -eq 0 ]; then
     args=(--layers 8 --contexts 1024,8192 --prefills 2048,8192)

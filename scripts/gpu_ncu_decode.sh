@@ -8,12 +8,7 @@
 #
 # Writes $OUT/ncu_decode.csv (raw) and $OUT/ncu_decode.log (by kernel: launches, median µs,
 # median DRAM throughput as a percentage of peak), from the first 500 launches of a one-layer bench (weights, a 16-token prefill, decode steps).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0
-export GRAPHRUN_KERNEL_CACHE="${GRAPHRUN_KERNEL_CACHE:-/tmp/graphrun-kernels}"
-out="${OUT:-results}"
-NCU=${NCU:-/usr/local/cuda/bin/ncu}
+source "$(dirname "$0")/gpu_env.sh"
 cmd=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 4)
 "$NCU" --csv --print-units base --launch-count 500 --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     "${cmd[@]}" >"$out/ncu_decode.csv" 2>"$out/ncu_decode.err" || true

@@ -8,12 +8,7 @@
 # Profiles COUNT launches (default 8) of the kernels matching REGEX after the first SKIP (default
 # 8: past warm-up) in a one-layer bench at the real geometry; writes $OUT/ncu_kernel.log (or
 # results/ when OUT is unset) and ncu's unfiltered output in ncu_raw.txt.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0
-export GRAPHRUN_KERNEL_CACHE="${GRAPHRUN_KERNEL_CACHE:-/tmp/graphrun-kernels}"
-out="${OUT:-results}"
-NCU=${NCU:-/usr/local/cuda/bin/ncu}
+source "$(dirname "$0")/gpu_env.sh"
 cmd=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 4)
 sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis)
 re=$1
