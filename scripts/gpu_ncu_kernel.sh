@@ -4,6 +4,7 @@
 #
 #   here:            cargo build --release && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_ncu_kernel.sh REGEX [SKIP COUNT]   # `device` tool, carry: ["gpu-bin"]
+#   EXTRA_SECTIONS="SourceCounters" adds sections (SourceCounters: the instructions warps stall on).
 #
 # Profiles COUNT launches (default 8) of the kernels matching REGEX after the first SKIP (default
 # 8: past warm-up) in a one-layer bench at the real geometry; writes $OUT/ncu_kernel.log (or
@@ -11,6 +12,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 cmd=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 4)
 sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis)
+for s in ${EXTRA_SECTIONS:-}; do sections+=(--section "$s"); done
 re=$1
 skip=${2:-8}
 count=${3:-8}

@@ -41,6 +41,8 @@ pub struct Gpu {
     /// Whether launches carry the programmatic-dependent-launch attribute (see
     /// `exec::cuda::launcher`); set per step by the executor, only ever true on sm_90 and later.
     programmatic: AtomicBool,
+    /// Streaming multiprocessors (sizes the split of decode attention).
+    pub multiprocessors: usize,
 }
 
 /// Kernel temporaries of the node being launched: bump-allocated from a step's scratch buffer
@@ -154,6 +156,10 @@ impl Gpu {
             .map_err(|e| CudaError::driver("creating a stream", None, e))?;
         // On where supported (sessions set it per step).
         let programmatic = info.compute_capability.0 >= 9;
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| CudaError::driver("reading the multiprocessor count", None, e))?
+            .max(1) as usize;
         Ok(Gpu {
             ctx,
             stream,
@@ -166,6 +172,7 @@ impl Gpu {
             scratch: Mutex::new(Scratch::default()),
             step: Mutex::new(()),
             programmatic: AtomicBool::new(programmatic),
+            multiprocessors,
         })
     }
 

@@ -6,7 +6,6 @@
 //! checks `start + rows <= capacity` on the host (the kernels never touch a row past the
 //! capacity, but a step that overflows is not attended correctly).
 
-use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape};
@@ -523,12 +522,8 @@ pub fn attention_split(
         gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
-    let multiprocessors = gpu
-        .ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| CudaError::driver("reading the multiprocessor count", None, e))?;
     let splits = split_count(
-        multiprocessors.max(1) as usize,
+        gpu.multiprocessors,
         rows,
         kv_heads,
         capacity,

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# compute-sanitizer over graphrun's kernels, on the GPU machine: memcheck (out-of-bounds and
+# misaligned accesses, in global and shared memory) and racecheck (shared-memory races) on the
+# tiny model shipped in models/ (prefill and decode, CUDA graphs on, then eager with a sync after
+# every node), and memcheck on one layer at the real geometry.
+#
+#   here:            cargo build --release && mkdir -p gpu-bin && cp target/release/graphrun gpu-bin/
+#   on the device:   bash scripts/gpu_sanitize.sh     # through the `device` tool, carry: ["gpu-bin"]
+#
+# Writes $OUT/sanitize.log (or results/ when OUT is unset): each run's command and the
+# sanitizer's error summary (the first errors in full). Commit it under results/<date>-sanitize.log.
+source "$(dirname "$0")/gpu_env.sh"
+SANITIZER=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+tiny=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda)
+real=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 2)
+check() {
+    local tool=$1
+    shift
+    echo "## $tool: $*"
+    "$SANITIZER" --tool "$tool" --print-limit 10 "$@" >"$out/sanitize_run.txt" 2>&1 || true
+    grep -v "Host Frame" "$out/sanitize_run.txt" | grep -E "^=========" | head -40
+}
+{
+    echo "# graphrun under compute-sanitizer"
+    echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# command: bash scripts/gpu_sanitize.sh"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    check memcheck "${tiny[@]}"
+    check memcheck "${tiny[@]}" --sync-each-node
+    check racecheck "${tiny[@]}" --sync-each-node
+    check memcheck "${real[@]}"
+} >"$out/sanitize.log" 2>&1
+rm -f "$out/sanitize_run.txt"
