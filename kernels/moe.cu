@@ -11,6 +11,7 @@
 // - `ple_ngram_ids_reference_i64`: hashed n-gram ids with the history carried in a device buffer.
 #include "common.cuh"
 #include "vec.cuh"
+#include "mma.cuh"
 
 // The largest top k the router keeps per row (checked on the host).
 #define ROUTER_MAX_TOPK 64
@@ -715,6 +716,83 @@ extern "C" __global__ void __launch_bounds__(256)
                                        const bf16_t* down, long hidden, long inter) {
     wait_for_producers();
     em_down<bf16_t>(out, act, order, tiles, down, hidden, inter);
+}
+
+// The expert-major products on the tensor cores (bf16 weights, hidden and inter multiples of 8:
+// `mma_tile` in mma.cuh, its precision argument there): a tile of EM_TILE slots x 64 outputs a
+// block of 4 warps, the tile table and `order` as above.
+//   ..._gate_up_mma_bf16: gu [slots, 2 * inter] = x[slot / top_k] · gate_up_eᵀ (gate outputs,
+//                         then up outputs, as the expert's rows);
+//   ..._down_mma_bf16:    out [slots, hidden] = act · down_eᵀ, act = silu(g) * u formed from gu
+//                         as the rows are staged (the reference's act, then its product).
+struct EmGatherRows {
+    const float* x;
+    const int* a_row;
+    long k;
+    __device__ __forceinline__ const float* row(int i) const { return a_row[i] < 0 ? nullptr : x + a_row[i] * k; }
+    __device__ __forceinline__ void load8(const float* r, long kk, float* v) const { mma_load8(r + kk, v); }
+};
+
+struct EmSwigluRows {
+    const float* gu;
+    const int* slot;
+    long inter;
+    __device__ __forceinline__ const float* row(int i) const {
+        return slot[i] < 0 ? nullptr : gu + (long)slot[i] * 2 * inter;
+    }
+    __device__ __forceinline__ void load8(const float* r, long kk, float* v) const {
+        float g[8], u[8];
+        mma_load8(r + kk, g);
+        mma_load8(r + inter + kk, u);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = silu_f32(g[j]) * u[j];
+    }
+};
+
+// Stores outputs c, c + 1 (< n) of slot s's row of y [slots, n].
+__device__ __forceinline__ void em_store_pair(float* y, int s, long n, long c, float v0, float v1) {
+    if (s < 0) return;
+    float* row = y + (long)s * n;
+    if ((n & 1) == 0 && c + 1 < n) {
+        float2 v;
+        v.x = v0, v.y = v1;
+        *reinterpret_cast<float2*>(row + c) = v;
+    } else {
+        if (c < n) row[c] = v0;
+        if (c + 1 < n) row[c + 1] = v1;
+    }
+}
+
+#define EM_MMA_WARPS_M 2
+#define EM_MMA_WARPS_N 2
+#define EM_MMA_MT 2
+#define EM_MMA_NT 4
+#define EM_MMA_BN (EM_MMA_WARPS_N * EM_MMA_NT * 8)
+static_assert(EM_MMA_WARPS_M * EM_MMA_MT * 16 == EM_TILE, "a tensor-core tile holds one tile of slots");
+
+extern "C" __global__ void __launch_bounds__(128)
+    moe_experts_expert_major_gate_up_mma_bf16(float* gu, const float* x, const int* order, const int* tiles,
+                                              const bf16_t* gate_up, int top_k, long hidden, long inter) {
+    wait_for_producers();
+    __shared__ int slot[EM_TILE], a_row[EM_TILE];
+    const int e = em_tile_rows(order, tiles, top_k, slot, a_row);
+    if (e < 0) return;
+    const long n = 2 * inter;
+    mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
+        EmGatherRows{x, a_row, hidden}, gate_up + (long)e * n * hidden, n, (long)blockIdx.y * EM_MMA_BN, hidden,
+        [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    moe_experts_expert_major_down_mma_bf16(float* out, const float* gu, const int* order, const int* tiles,
+                                           const bf16_t* down, long hidden, long inter) {
+    wait_for_producers();
+    __shared__ int slot[EM_TILE], a_row[EM_TILE];
+    const int e = em_tile_rows(order, tiles, 1, slot, a_row);
+    if (e < 0) return;
+    mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
+        EmSwigluRows{gu, slot, inter}, down + (long)e * hidden * inter, hidden, (long)blockIdx.y * EM_MMA_BN,
+        inter, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
 }
 
 // y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused

@@ -322,11 +322,20 @@ fn bad_id_poisons_only_its_row(
     rng: &mut ChaCha8Rng,
     experts_fn: ExpertsFn,
     kernel: &str,
+    bf16: bool,
 ) {
     let (rows, experts, hidden, inter, k) = (2, 3, 16, 8, 2);
     let x = random_scaled(rng, rows * hidden, 1.0);
-    let gu = random_scaled(rng, experts * 2 * inter * hidden, 0.25);
-    let down = random_scaled(rng, experts * hidden * inter, 0.35);
+    let (dgu, gu) = bank(
+        gpu,
+        random_scaled(rng, experts * 2 * inter * hidden, 0.25),
+        bf16,
+    );
+    let (ddown, down) = bank(
+        gpu,
+        random_scaled(rng, experts * hidden * inter, 0.35),
+        bf16,
+    );
     let ids = vec![0i64, 2, 1, experts as i64];
     let w = vec![0.5f32, 0.5, 0.5, 0.5];
     let y = experts_fn(
@@ -334,8 +343,8 @@ fn bad_id_poisons_only_its_row(
         &gpu.upload(&x, "x").unwrap(),
         &gpu.upload(&ids, "ids").unwrap(),
         &gpu.upload(&w, "w").unwrap(),
-        &DeviceMatrix::F32(gpu.upload(&gu, "gate_up").unwrap()),
-        &DeviceMatrix::F32(gpu.upload(&down, "down").unwrap()),
+        &dgu,
+        &ddown,
         rows,
         k,
         hidden,
@@ -427,7 +436,13 @@ fn experts_match_the_reference() {
         }
     }
 
-    bad_id_poisons_only_its_row(&gpu, &mut rng, gmoe::moe_experts, "moe_experts_*_f32");
+    bad_id_poisons_only_its_row(
+        &gpu,
+        &mut rng,
+        gmoe::moe_experts,
+        "moe_experts_*_f32",
+        false,
+    );
     gpu.sync("the expert checks").unwrap();
 }
 
@@ -470,10 +485,10 @@ fn experts_expert_major_match_the_reference() {
                 hidden,
                 intermediate: inter,
             };
-            let kernel = if bf16 {
-                "moe_experts_expert_major_*_bf16"
-            } else {
-                "moe_experts_expert_major_*_f32"
+            let kernel = match (bf16, hidden % 8 == 0 && inter % 8 == 0) {
+                (true, true) => "moe_experts_expert_major_*_mma_bf16",
+                (true, false) => "moe_experts_expert_major_*_bf16",
+                (false, _) => "moe_experts_expert_major_*_f32",
             };
             for &rows in row_counts {
                 for skewed in [false, true] {
@@ -490,6 +505,11 @@ fn experts_expert_major_match_the_reference() {
                     let di = gpu.upload(&ids, "ids").unwrap();
                     let dw = gpu.upload(&w, "w").unwrap();
                     let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
+                    assert_eq!(
+                        gmoe::expert_major_on_tensor_cores(&gpu, &dx, &dgu, &ddown, hidden, inter),
+                        kernel.contains("mma"),
+                        "{kernel}: the tensor-core tiles are taken exactly where they serve"
+                    );
                     let run = || {
                         let y = gmoe::moe_experts_expert_major(
                             &gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter,
@@ -515,11 +535,20 @@ fn experts_expert_major_match_the_reference() {
         }
     }
 
+    // The SIMT tiles (f32) and the tensor-core tiles (bf16, sizes multiples of 8).
     bad_id_poisons_only_its_row(
         &gpu,
         &mut rng,
         gmoe::moe_experts_expert_major,
         "moe_experts_expert_major_*_f32",
+        false,
+    );
+    bad_id_poisons_only_its_row(
+        &gpu,
+        &mut rng,
+        gmoe::moe_experts_expert_major,
+        "moe_experts_expert_major_*_mma_bf16",
+        true,
     );
     gpu.sync("the expert-major checks").unwrap();
 }

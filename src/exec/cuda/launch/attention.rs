@@ -522,14 +522,7 @@ pub fn attention_split(
         gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
-    let splits = split_count(
-        gpu.multiprocessors,
-        rows,
-        kv_heads,
-        capacity,
-        keep,
-        block,
-    );
+    let splits = split_count(gpu.multiprocessors, rows, kv_heads, capacity, keep, block);
     let partials = rows * heads * splits;
     let mut part_acc = gpu.scratch::<f32>(partials * head_dim, &kernel)?;
     let mut part_ml = gpu.scratch::<f32>(partials * 2, &kernel)?;

@@ -327,6 +327,10 @@ pub fn moe_experts(
 /// Slots per tile of the expert-major kernels (`EM_TILE`): each expert's weights are read once
 /// per tile of its slots.
 const EM_TILE: usize = 64;
+/// Outputs and threads of a block of the tensor-core expert-major kernels (`EM_MMA_BN`, 2 x 2
+/// warps in kernels/moe.cu).
+const EM_MMA_OUTPUTS: usize = 64;
+const EM_MMA_THREADS: u32 = 128;
 /// Threads of the expert-major grouping kernel (one block).
 const EM_GROUP_THREADS: u32 = 1024;
 
@@ -388,12 +392,11 @@ pub fn moe_experts_expert_major(
         intermediate.div_ceil(EM_TILE) <= 65_535 && hidden.div_ceil(EM_TILE) <= 65_535,
         || format!("{intermediate} or {hidden} outputs: too many tiles of {EM_TILE}"),
     )?;
-    let (s64, t64, k32, h64, int64, e64, e32, mt64) = (
+    let (s64, t64, k32, h64, e64, e32, mt64) = (
         slots as i64,
         rows as i64,
         top_k as i32,
         hidden as i64,
-        intermediate as i64,
         experts as i64,
         experts as i32,
         max_tiles as i64,
@@ -420,35 +423,31 @@ pub fn moe_experts_expert_major(
     // holds 3*experts ints.
     launched(group_kernel, unsafe { b.launch(cfg) })?;
 
-    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
-    let f = gpu.function("moe.cu", gu_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (max_tiles as u32, intermediate.div_ceil(EM_TILE) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *act).arg(x).arg(&*order).arg(&*tiles);
-    arg_matrix(&mut b, gate_up);
-    b.arg(&k32).arg(&h64).arg(&int64);
-    // SAFETY: the tile table (written by the previous launch on this stream) names valid experts
-    // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k <
-    // rows; act holds slots*intermediate floats; 256 threads as the kernel's tiles expect.
-    launched(gu_kernel, unsafe { b.launch(cfg) })?;
-
     let mut out = gpu.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
-    let f = gpu.function("moe.cu", down_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_TILE) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *out).arg(&*act).arg(&*order).arg(&*tiles);
-    arg_matrix(&mut b, down);
-    b.arg(&h64).arg(&int64);
-    // SAFETY: as above; out holds slots*hidden floats (the rows of valid slots are written).
-    launched(down_kernel, unsafe { b.launch(cfg) })?;
+    if expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate) {
+        expert_major_mma(
+            gpu,
+            &mut out,
+            x,
+            &order,
+            &tiles,
+            gate_up,
+            down,
+            [max_tiles, slots, top_k, hidden, intermediate],
+        )?;
+    } else {
+        expert_major_simt(
+            gpu,
+            &mut out,
+            x,
+            &order,
+            &tiles,
+            gate_up,
+            down,
+            [max_tiles, slots, top_k, hidden, intermediate],
+            [gu_kernel, down_kernel],
+        )?;
+    }
 
     let f = gpu.function("moe.cu", combine_kernel)?;
     let mut y = gpu.output::<f32>(rows * hidden, combine_kernel)?;
@@ -467,6 +466,134 @@ pub fn moe_experts_expert_major(
         b.launch(grid_for(rows * hidden, 256))
     })?;
     Ok(y)
+}
+
+/// Whether the expert-major products run on the tensor cores (`..._mma_bf16` in
+/// kernels/moe.cu): bf16 weights, hidden and intermediate sizes multiples of 8, 16-byte aligned
+/// rows. Otherwise the SIMT tiles serve (f32 weights, odd sizes).
+pub fn expert_major_on_tensor_cores(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    hidden: usize,
+    intermediate: usize,
+) -> bool {
+    use cudarc::driver::DevicePtr as _;
+    let (DeviceMatrix::Bf16(g), DeviceMatrix::Bf16(d)) = (gate_up, down) else {
+        return false;
+    };
+    // Rows of a multiple of 8 values keep every row (of x, of an expert's matrices, of the
+    // kernels' scratch) 16-byte aligned when the buffers start so.
+    let aligned = [
+        x.device_ptr(&gpu.stream).0,
+        g.device_ptr(&gpu.stream).0,
+        d.device_ptr(&gpu.stream).0,
+    ]
+    .iter()
+    .all(|p| p % 16 == 0);
+    aligned && hidden.is_multiple_of(8) && intermediate.is_multiple_of(8)
+}
+
+/// The tensor-core gate/up and down launches of the expert-major experts: `out [slots, hidden]`
+/// from the slot order and tile table. `dims`: max tiles, slots, top-k, hidden, intermediate.
+#[allow(clippy::too_many_arguments)]
+fn expert_major_mma(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    order: &CudaSlice<i32>,
+    tiles: &CudaSlice<i32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    dims: [usize; 5],
+) -> Result<(), CudaError> {
+    let [max_tiles, slots, top_k, hidden, intermediate] = dims;
+    let (gu_kernel, down_kernel) = (
+        "moe_experts_expert_major_gate_up_mma_bf16",
+        "moe_experts_expert_major_down_mma_bf16",
+    );
+    let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
+    let mut gu = gpu.scratch::<f32>(slots * 2 * intermediate, "expert gate and up products")?;
+    let f = gpu.function("moe.cu", gu_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            max_tiles as u32,
+            (2 * intermediate).div_ceil(EM_MMA_OUTPUTS) as u32,
+            1,
+        ),
+        block_dim: (EM_MMA_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *gu).arg(x).arg(order).arg(tiles);
+    arg_matrix(&mut b, gate_up);
+    b.arg(&k32).arg(&h64).arg(&int64);
+    // SAFETY: the tile table (written by the grouping launch on this stream) names valid experts
+    // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k;
+    // gu holds slots*2*intermediate floats; hidden % 8 == 0 and 16-byte aligned rows (checked
+    // by expert_major_on_tensor_cores); 128 threads as the kernel's 2 x 2 warps expect.
+    launched(gu_kernel, unsafe { b.launch(cfg) })?;
+
+    let f = gpu.function("moe.cu", down_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_MMA_OUTPUTS) as u32, 1),
+        block_dim: (EM_MMA_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *out).arg(&*gu).arg(order).arg(tiles);
+    arg_matrix(&mut b, down);
+    b.arg(&h64).arg(&int64);
+    // SAFETY: as above; gu's rows of valid slots were written by the previous launch; out holds
+    // slots*hidden floats; intermediate % 8 == 0.
+    launched(down_kernel, unsafe { b.launch(cfg) })
+}
+
+/// The SIMT-tile gate/up and down launches (f32 weights, or sizes the tensor-core tiles do not
+/// take). `dims` as [`expert_major_mma`].
+#[allow(clippy::too_many_arguments)]
+fn expert_major_simt(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    order: &CudaSlice<i32>,
+    tiles: &CudaSlice<i32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    dims: [usize; 5],
+    [gu_kernel, down_kernel]: [&str; 2],
+) -> Result<(), CudaError> {
+    let [max_tiles, slots, top_k, hidden, intermediate] = dims;
+    let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
+    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
+    let f = gpu.function("moe.cu", gu_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (max_tiles as u32, intermediate.div_ceil(EM_TILE) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *act).arg(x).arg(order).arg(tiles);
+    arg_matrix(&mut b, gate_up);
+    b.arg(&k32).arg(&h64).arg(&int64);
+    // SAFETY: the tile table (written by the previous launch on this stream) names valid experts
+    // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k <
+    // rows; act holds slots*intermediate floats; 256 threads as the kernel's tiles expect.
+    launched(gu_kernel, unsafe { b.launch(cfg) })?;
+
+    let f = gpu.function("moe.cu", down_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_TILE) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *out).arg(&*act).arg(order).arg(tiles);
+    arg_matrix(&mut b, down);
+    b.arg(&h64).arg(&int64);
+    // SAFETY: as above; out holds slots*hidden floats (the rows of valid slots are written).
+    launched(down_kernel, unsafe { b.launch(cfg) })
 }
 
 /// `ops::ple::ngram_ids` for `tokens [rows]`: ids `[rows, (ngram-1)·heads_per_ngram]`, with
