@@ -110,11 +110,22 @@ __device__ __forceinline__ void gdn_recurrence(float* out, float* state, const f
 #pragma unroll
     for (int r = 0; r < GDN_ROWS; r++) s[r] = (col && row0 + r < dk) ? S[(long)(row0 + r) * dv + j] : 0.0f;
 
+    // Token t's inputs: thread tid's q and k channel, its column's v, the head's gates. Loaded a
+    // token ahead (the next token's loads are in flight while this one is reduced and applied:
+    // a many-token scan is a chain of tokens, and the loads were a third of each link).
+    const auto load = [&](int t, float& qv, float& kv, float& vv, float& b, float& gt) {
+        const float* row = qkv + (long)t * width;
+        qv = tid < dk ? row[kh * dk + tid] : 0.0f;
+        kv = tid < dk ? row[key_dim + kh * dk + tid] : 0.0f;
+        vv = col ? row[2 * key_dim + (long)h * dv + j] : 0.0f;
+        gates(t, h, b, gt);
+    };
+    float qv_next, kv_next, vv_next, b_next, gt_next;
+    if (rows > 0) load(0, qv_next, kv_next, vv_next, b_next, gt_next);
     for (int t = 0; t < rows; t++) {
-        const float* row = qkv + t * width;
+        const float qv = qv_next, kv = kv_next, vv = vv_next, b = b_next, gt = gt_next;
+        if (t + 1 < rows) load(t + 1, qv_next, kv_next, vv_next, b_next, gt_next);
         // 1. Sums of squares of q and k: thread tid holds channel tid of each.
-        const float qv = tid < dk ? row[kh * dk + tid] : 0.0f;
-        const float kv = tid < dk ? row[key_dim + kh * dk + tid] : 0.0f;
         const float wq = warp_sum(qv * qv), wk = warp_sum(kv * kv);
         if (lane == 0) {
             sum_q[warp] = wq;
@@ -133,8 +144,6 @@ __device__ __forceinline__ void gdn_recurrence(float* out, float* state, const f
         }
         __syncthreads();
         // 2. Decay, and this warp's share of (Sᵀk)_j.
-        float b, gt;
-        gates(t, h, b, gt);
         const float decay = expf(gt);
         float p = 0.0f;
 #pragma unroll
@@ -149,7 +158,7 @@ __device__ __forceinline__ void gdn_recurrence(float* out, float* state, const f
         // 3. u_j, the rank-1 update, and this warp's share of o_j = (Sᵀq)_j.
         float sk = 0.0f;
         for (int w = 0; w < warps; w++) sk += part_kv[w][lane];
-        const float u = col ? (row[2 * key_dim + (long)h * dv + j] - sk) * b : 0.0f;
+        const float u = col ? (vv - sk) * b : 0.0f;
         float o = 0.0f;
 #pragma unroll
         for (int r = 0; r < GDN_ROWS; r++) {
