@@ -66,6 +66,16 @@ __device__ __forceinline__ void mma_load8(const float* p, float* v) {
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+template <int MT, int NT>
+__device__ __forceinline__ void mma_zero(float (&a)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) a[i][j][c] = 0.0f;
+}
+
 // One tile: rows i < BM of x from `rows` (`rows.row(i)`: the row's base, nullptr for a zero row;
 // `rows.load8(base, kk, v)`: its 8 values from kk), outputs n0 .. n0 + BN - 1 of W [n, k]
 // (rows past n are zero); `store(i, c, v0, v1)` receives tile row i's results for outputs c and
@@ -147,12 +157,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
     };
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
+    mma_zero(acc);
 
     stage_w(0, 0);
     load_x(0);
@@ -175,12 +180,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
         // MMAs) the bias reached 1.4e-5 relative. So each stage's products start from zero and
         // are added to `acc` with round-to-nearest f32 adds.
         float part[MT][NT][4];
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) part[i][j][c] = 0.0f;
+        mma_zero(part);
 #pragma unroll
         for (int kk = 0; kk < MMA_BK; kk += 16) {
             const int c0 = kk / 8;

@@ -424,30 +424,34 @@ pub fn moe_experts_expert_major(
     launched(group_kernel, unsafe { b.launch(cfg) })?;
 
     let mut out = gpu.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
-    if expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate) {
-        expert_major_mma(
-            gpu,
-            &mut out,
-            x,
-            &order,
-            &tiles,
-            gate_up,
-            down,
-            [max_tiles, slots, top_k, hidden, intermediate],
-        )?;
+    let kernels = if expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate) {
+        ExpertMajorKernels {
+            gate_up: "moe_experts_expert_major_gate_up_mma_bf16",
+            down: "moe_experts_expert_major_down_mma_bf16",
+            outputs: EM_MMA_OUTPUTS,
+            threads: EM_MMA_THREADS,
+            between_per_channel: 2,
+        }
     } else {
-        expert_major_simt(
-            gpu,
-            &mut out,
-            x,
-            &order,
-            &tiles,
-            gate_up,
-            down,
-            [max_tiles, slots, top_k, hidden, intermediate],
-            [gu_kernel, down_kernel],
-        )?;
-    }
+        ExpertMajorKernels {
+            gate_up: gu_kernel,
+            down: down_kernel,
+            outputs: EM_TILE,
+            threads: 256,
+            between_per_channel: 1,
+        }
+    };
+    expert_major_products(
+        gpu,
+        &mut out,
+        x,
+        &order,
+        &tiles,
+        gate_up,
+        down,
+        [max_tiles, slots, top_k, hidden, intermediate],
+        kernels,
+    )?;
 
     let f = gpu.function("moe.cu", combine_kernel)?;
     let mut y = gpu.output::<f32>(rows * hidden, combine_kernel)?;
@@ -495,10 +499,24 @@ pub fn expert_major_on_tensor_cores(
     aligned && hidden.is_multiple_of(8) && intermediate.is_multiple_of(8)
 }
 
-/// The tensor-core gate/up and down launches of the expert-major experts: `out [slots, hidden]`
-/// from the slot order and tile table. `dims`: max tiles, slots, top-k, hidden, intermediate.
+/// The kernels of the expert-major products and their tiles: SIMT tiles (`act` [slots, I]
+/// between the two launches) or tensor-core tiles (`..._mma_bf16`: the gate and up products
+/// [slots, 2I] between them, the SwiGLU formed by the down kernel). Both pairs take the same
+/// arguments in the same order.
+struct ExpertMajorKernels<'a> {
+    gate_up: &'a str,
+    down: &'a str,
+    /// Outputs and threads of a block.
+    outputs: usize,
+    threads: u32,
+    /// Values a slot the gate/up kernel writes, per intermediate channel.
+    between_per_channel: usize,
+}
+
+/// The gate/up and down launches of the expert-major experts: `out [slots, hidden]` from the
+/// slot order and tile table. `dims`: max tiles, slots, top-k, hidden, intermediate.
 #[allow(clippy::too_many_arguments)]
-fn expert_major_mma(
+fn expert_major_products(
     gpu: &Gpu,
     out: &mut CudaSlice<f32>,
     x: &CudaSlice<f32>,
@@ -507,93 +525,36 @@ fn expert_major_mma(
     gate_up: &DeviceMatrix,
     down: &DeviceMatrix,
     dims: [usize; 5],
+    k: ExpertMajorKernels,
 ) -> Result<(), CudaError> {
     let [max_tiles, slots, top_k, hidden, intermediate] = dims;
-    let (gu_kernel, down_kernel) = (
-        "moe_experts_expert_major_gate_up_mma_bf16",
-        "moe_experts_expert_major_down_mma_bf16",
-    );
     let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
-    let mut gu = gpu.scratch::<f32>(slots * 2 * intermediate, "expert gate and up products")?;
-    let f = gpu.function("moe.cu", gu_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (
-            max_tiles as u32,
-            (2 * intermediate).div_ceil(EM_MMA_OUTPUTS) as u32,
-            1,
-        ),
-        block_dim: (EM_MMA_THREADS, 1, 1),
+    let between_width = k.between_per_channel * intermediate;
+    let mut between = gpu.scratch::<f32>(slots * between_width, "expert activations")?;
+    let grid = |outputs: usize| LaunchConfig {
+        grid_dim: (max_tiles as u32, outputs.div_ceil(k.outputs) as u32, 1),
+        block_dim: (k.threads, 1, 1),
         shared_mem_bytes: 0,
     };
+    let f = gpu.function("moe.cu", k.gate_up)?;
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *gu).arg(x).arg(order).arg(tiles);
+    b.arg(&mut *between).arg(x).arg(order).arg(tiles);
     arg_matrix(&mut b, gate_up);
     b.arg(&k32).arg(&h64).arg(&int64);
     // SAFETY: the tile table (written by the grouping launch on this stream) names valid experts
-    // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k;
-    // gu holds slots*2*intermediate floats; hidden % 8 == 0 and 16-byte aligned rows (checked
-    // by expert_major_on_tensor_cores); 128 threads as the kernel's 2 x 2 warps expect.
-    launched(gu_kernel, unsafe { b.launch(cfg) })?;
-
-    let f = gpu.function("moe.cu", down_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_MMA_OUTPUTS) as u32, 1),
-        block_dim: (EM_MMA_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *out).arg(&*gu).arg(order).arg(tiles);
-    arg_matrix(&mut b, down);
-    b.arg(&h64).arg(&int64);
-    // SAFETY: as above; gu's rows of valid slots were written by the previous launch; out holds
-    // slots*hidden floats; intermediate % 8 == 0.
-    launched(down_kernel, unsafe { b.launch(cfg) })
-}
-
-/// The SIMT-tile gate/up and down launches (f32 weights, or sizes the tensor-core tiles do not
-/// take). `dims` as [`expert_major_mma`].
-#[allow(clippy::too_many_arguments)]
-fn expert_major_simt(
-    gpu: &Gpu,
-    out: &mut CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    order: &CudaSlice<i32>,
-    tiles: &CudaSlice<i32>,
-    gate_up: &DeviceMatrix,
-    down: &DeviceMatrix,
-    dims: [usize; 5],
-    [gu_kernel, down_kernel]: [&str; 2],
-) -> Result<(), CudaError> {
-    let [max_tiles, slots, top_k, hidden, intermediate] = dims;
-    let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
-    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
-    let f = gpu.function("moe.cu", gu_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (max_tiles as u32, intermediate.div_ceil(EM_TILE) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *act).arg(x).arg(order).arg(tiles);
-    arg_matrix(&mut b, gate_up);
-    b.arg(&k32).arg(&h64).arg(&int64);
-    // SAFETY: the tile table (written by the previous launch on this stream) names valid experts
     // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k <
-    // rows; act holds slots*intermediate floats; 256 threads as the kernel's tiles expect.
-    launched(gu_kernel, unsafe { b.launch(cfg) })?;
+    // rows; `between` holds slots x its width; the block size is the kernel's; the tensor-core
+    // kernels get sizes multiples of 8 and 16-byte aligned rows (expert_major_on_tensor_cores).
+    launched(k.gate_up, unsafe { b.launch(grid(between_width)) })?;
 
-    let f = gpu.function("moe.cu", down_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (max_tiles as u32, hidden.div_ceil(EM_TILE) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let f = gpu.function("moe.cu", k.down)?;
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *out).arg(&*act).arg(order).arg(tiles);
+    b.arg(&mut *out).arg(&*between).arg(order).arg(tiles);
     arg_matrix(&mut b, down);
     b.arg(&h64).arg(&int64);
-    // SAFETY: as above; out holds slots*hidden floats (the rows of valid slots are written).
-    launched(down_kernel, unsafe { b.launch(cfg) })
+    // SAFETY: as above; the rows of valid slots of `between` were written by the previous
+    // launch; out holds slots*hidden floats (the rows of valid slots are written).
+    launched(k.down, unsafe { b.launch(grid(hidden)) })
 }
 
 /// `ops::ple::ngram_ids` for `tokens [rows]`: ids `[rows, (ngram-1)·heads_per_ngram]`, with
