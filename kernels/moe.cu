@@ -7,7 +7,8 @@
 //   launches. The first writes act[t, j, :] = silu(G) * U for every slot (t, j); the second sums
 //   the k down-projections of each token in slot order. Expert ids are read on the device.
 // - `moe_experts_expert_major_*`: the same for many tokens, the slots grouped by expert on the
-//   device so that each expert's weights are read once per tile of 64 of its slots.
+//   device so that each expert's weights are read once per tile of 64 of its slots; in SIMT
+//   tiles, or on the tensor cores (`..._mma_bf16`, through mma.cuh) for bf16 weights.
 // - `ple_ngram_ids_reference_i64`: hashed n-gram ids with the history carried in a device buffer.
 #include "common.cuh"
 #include "vec.cuh"

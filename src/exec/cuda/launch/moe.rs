@@ -336,13 +336,15 @@ const EM_GROUP_THREADS: u32 = 1024;
 
 /// The routed experts, expert-major (`ops::moe::expert_major`), for many tokens: the slots are
 /// grouped by expert on the device, then each expert's rows are read once per tile of 64 of its
-/// slots (shared-memory tiles, 64 slots x 64 outputs), instead of once per slot. The same
+/// slots (64 slots x 64 outputs: on the tensor cores where [`expert_major_on_tensor_cores`],
+/// else shared-memory SIMT tiles), instead of once per slot. The same
 /// arguments and result as [`moe_experts`] (ids outside `[0, E)`: that token's row is NaN); the
 /// same products and the reference's slot-order sum, so the result equals the token-major one
 /// within f32 rounding (each slot's dot products are summed in a different order).
 ///
 /// Four launches: grouping (one block), gate/up tiles, down tiles (into one row per slot), the
-/// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats, plus the grouping's
+/// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats (`2·intermediate` on
+/// the tensor cores: the gate and up products are kept, the SwiGLU formed by the down tiles), plus the grouping's
 /// `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on the shapes (a tile
 /// table sized for the worst case; blocks past the last tile return at once).
 #[allow(clippy::too_many_arguments)]
