@@ -344,9 +344,9 @@ const EM_GROUP_THREADS: u32 = 1024;
 ///
 /// Four launches: grouping (one block), gate/up tiles, down tiles (into one row per slot), the
 /// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats (`2·intermediate` on
-/// the tensor cores: the gate and up products are kept, the SwiGLU formed by the down tiles), plus the grouping's
-/// `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on the shapes (a tile
-/// table sized for the worst case; blocks past the last tile return at once).
+/// the tensor cores: the gate and up products are kept, the SwiGLU formed by the down tiles),
+/// plus the grouping's `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on
+/// the shapes (a tile table sized for the worst case; blocks past the last tile return at once).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts_expert_major(
     gpu: &Gpu,
