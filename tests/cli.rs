@@ -291,3 +291,17 @@ fn device_choice_without_a_gpu() {
     assert!(!ok);
     assert!(stderr.contains("unknown device `tpu`"), "{stderr}");
 }
+
+/// The benchmark takes the same graph files, rules and fusions as `run` and `lower`, and checks
+/// them before it opens the device: a bad one is an error naming it, with or without a GPU.
+#[test]
+fn bench_checks_its_schedule_before_the_device() {
+    let (ok, _, stderr) = graphrun(&["bench", "--rule", "nosuch=rows"]);
+    assert!(!ok && stderr.contains("no rule named `nosuch`"), "{stderr}");
+    let (ok, _, stderr) = graphrun(&["bench", "--rule", "linear.cuda_mma=bogus"]);
+    assert!(!ok && stderr.contains("no variant `bogus`"), "{stderr}");
+    let (ok, _, stderr) = graphrun(&["bench", "--fusions", "nope"]);
+    assert!(!ok && stderr.contains("fusion `nope`"), "{stderr}");
+    let (ok, _, stderr) = graphrun(&["--graphs", "no/such/dir", "bench"]);
+    assert!(!ok && stderr.contains("no/such/dir"), "{stderr}");
+}

@@ -24,6 +24,11 @@ use crate::runtime::{Model, ModelOptions};
 pub struct BenchOptions {
     /// Also time every one-token linear variant on every one-token matrix shape.
     pub sweep_linear: bool,
+    /// Graph files, rule overrides and fusions to benchmark with (the model options' fields of
+    /// the same names; the rest of the options are the bench's own).
+    pub graphs_dir: Option<std::path::PathBuf>,
+    pub overrides: Vec<crate::passes::schedule::RuleOverride>,
+    pub fusions: Option<Vec<String>>,
     pub layers: usize,
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
@@ -70,6 +75,8 @@ pub struct BenchReport {
     /// One-token linear variants by shape (`--sweep-linear`; empty otherwise).
     pub linear_sweep: Vec<linear_sweep::SweepRow>,
     pub device: String,
+    /// The graphs, rules and fusions benchmarked ([`BenchOptions`]).
+    pub schedule: String,
     pub layers: usize,
     pub layer_kinds: String,
     pub weight_bytes_on_device: usize,
@@ -359,18 +366,35 @@ fn total(c: &ByteCount) -> u64 {
     c.dense_weights + c.expert_weights + c.embedding_rows + c.recurrent_state + c.kv_and_indexer
 }
 
+/// The schedule a report was made with, in words (built-in graphs and rules when no option
+/// changes them).
+fn schedule_summary(opts: &BenchOptions) -> String {
+    let mut parts = Vec::new();
+    if let Some(dir) = &opts.graphs_dir {
+        parts.push(format!("graphs from {}", dir.display()));
+    }
+    if !opts.overrides.is_empty() {
+        let rules: Vec<String> = opts.overrides.iter().map(|o| o.to_string()).collect();
+        parts.push(format!("rules {}", rules.join(", ")));
+    }
+    match &opts.fusions {
+        Some(f) if f.is_empty() => parts.push("no fusions".into()),
+        Some(f) => parts.push(format!("only fusions {}", f.join(", "))),
+        None => {}
+    }
+    if parts.is_empty() {
+        "built-in graphs, rules and fusions".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 fn token(i: usize, vocab: usize) -> u32 {
     ((i as u64 * 2654435761) % vocab as u64) as u32
 }
 
 pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<BenchReport> {
     let plan = bench_plan(config_text, origin, opts.layers, opts.ple_vocab_base)?;
-    let gpu = Gpu::new(0)?;
-    let device = format!(
-        "{} (sm_{}{})",
-        gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
-    );
-    let bandwidth = copy_bandwidth(&gpu)?;
     let max_ctx = opts
         .contexts
         .iter()
@@ -380,8 +404,31 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .unwrap_or(1024);
     let options = ModelOptions {
         context_capacity: Some(max_ctx + opts.decode_steps * 3 + 64),
+        graphs_dir: opts.graphs_dir.clone(),
+        overrides: opts.overrides.clone(),
+        fusions: opts.fusions.clone(),
         ..Default::default()
     };
+    // Graph files, rules and fusions are checked before the device is opened: lowering the
+    // step shapes the bench runs names a bad one without a GPU.
+    let graphs = options.graph_set()?;
+    for (phase, tokens) in [(Phase::Decode, 1), (Phase::Prefill, opts.chunk)] {
+        let lower_opts = options.lower_options(
+            phase,
+            tokens,
+            LogitsMode::Last,
+            crate::ir::Device::Cuda,
+            Some("bf16".into()),
+        );
+        crate::lower::lower(&plan, &graphs, &lower_opts)?;
+    }
+    let schedule = schedule_summary(opts);
+    let gpu = Gpu::new(0)?;
+    let device = format!(
+        "{} (sm_{}{})",
+        gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
+    );
+    let bandwidth = copy_bandwidth(&gpu)?;
     let layer_kinds = plan
         .layers
         .iter()
@@ -512,6 +559,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     Ok(BenchReport {
         linear_sweep,
         device,
+        schedule,
         layers: opts.layers,
         layer_kinds,
         weight_bytes_on_device: weight_bytes,
@@ -548,6 +596,7 @@ impl std::fmt::Display for BenchReport {
             self.layer_kinds,
             self.weight_bytes_on_device as f64 / 1e9
         )?;
+        writeln!(f, "schedule: {}", self.schedule)?;
         writeln!(
             f,
             "decode (batch 1; {} segment(s) per step, one CUDA graph each; \"no overlap\": graphs without programmatic dependent launch):",

@@ -76,6 +76,8 @@ struct BenchArgs {
     /// program (which variant a shape should take).
     #[arg(long)]
     sweep_linear: bool,
+    #[command(flatten)]
+    schedule: Schedule,
 }
 
 #[derive(Args)]
@@ -451,6 +453,9 @@ fn run(cli: Cli) -> Result<(), Error> {
                 ple_vocab_base: a.ple_vocab_base,
                 seed: a.seed,
                 sweep_linear: a.sweep_linear,
+                graphs_dir: cli.graphs.clone(),
+                overrides: a.schedule.overrides()?,
+                fusions: a.schedule.fusions(),
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
             println!("{report}");

@@ -35,6 +35,18 @@ impl std::str::FromStr for RuleOverride {
     }
 }
 
+/// As it is written on the command line: `NAME=VARIANT` or `NAME=off`.
+impl std::fmt::Display for RuleOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}={}",
+            self.rule,
+            self.variant.as_deref().unwrap_or("off")
+        )
+    }
+}
+
 /// What the predicates see.
 pub struct Facts<'a> {
     pub device: Device,

@@ -35,6 +35,34 @@ pub struct ModelOptions {
     pub context_capacity: Option<usize>,
 }
 
+impl ModelOptions {
+    /// How a step's program is lowered under these options (their rules and fusions) for
+    /// `device` and the weights' dtype.
+    pub fn lower_options(
+        &self,
+        phase: Phase,
+        tokens: usize,
+        logits: LogitsMode,
+        device: crate::ir::Device,
+        weight_dtype: Option<String>,
+    ) -> LowerOptions {
+        let mut opts = LowerOptions::new(phase, tokens, logits);
+        opts.overrides = self.overrides.clone();
+        opts.fusions = self.fusions.clone();
+        opts.weight_dtype = weight_dtype;
+        opts.device = device;
+        opts
+    }
+
+    /// The graph files these options name (a directory, else the built-in copy).
+    pub fn graph_set(&self) -> Result<GraphSet> {
+        Ok(match &self.graphs_dir {
+            Some(d) => GraphSet::load_dir(d)?,
+            None => GraphSet::embedded()?,
+        })
+    }
+}
+
 /// Which executor runs the model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -93,10 +121,7 @@ impl Model {
     /// before anything is converted.
     pub fn load(dir: &Path, options: ModelOptions) -> Result<Model> {
         let plan = ModelPlan::from_model_dir(dir)?;
-        let graphs = match &options.graphs_dir {
-            Some(d) => GraphSet::load_dir(d)?,
-            None => GraphSet::embedded()?,
-        };
+        let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
         let probe = lower::lower(
             &plan,
@@ -163,10 +188,7 @@ impl Model {
         options: ModelOptions,
         seed: u64,
     ) -> Result<Model> {
-        let graphs = match &options.graphs_dir {
-            Some(d) => GraphSet::load_dir(d)?,
-            None => GraphSet::embedded()?,
-        };
+        let graphs = options.graph_set()?;
         let probe = lower::lower(
             &plan,
             &graphs,
@@ -216,14 +238,17 @@ impl Model {
         if let Some(p) = self.programs.lock().expect("program cache lock").get(&key) {
             return Ok(p.clone());
         }
-        let mut opts = LowerOptions::new(phase, tokens, logits);
-        opts.overrides = self.options.overrides.clone();
-        opts.fusions = self.options.fusions.clone();
-        opts.weight_dtype = Some(self.weight_dtype.clone());
-        opts.device = match self.backend {
+        let device = match self.backend {
             Backend::Cpu => crate::ir::Device::Cpu,
             Backend::Cuda { .. } => crate::ir::Device::Cuda,
         };
+        let opts = self.options.lower_options(
+            phase,
+            tokens,
+            logits,
+            device,
+            Some(self.weight_dtype.clone()),
+        );
         let program = Arc::new(lower::lower(&self.plan, &self.graphs, &opts)?.program);
         self.programs
             .lock()

@@ -33,7 +33,8 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         // Token-major: each slot reads its expert (decode); expert-major: slots grouped by
         // expert on the device, each expert read once per tile of its slots (prefill).
         "moe_experts" => &["token_major", "expert_major"],
-        // One block per (row, head) over the row's positions; split over positions (decode).
+        // One block per (row, head) over the row's positions; the GQA group of a kv head in one
+        // block over a split of the positions (every step; a prefill row takes one split).
         "attention" => &["reference", "split"],
         other if !crate::ops::variants(other).is_empty() => &["reference"],
         _ => &[],
