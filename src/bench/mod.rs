@@ -48,9 +48,22 @@ pub struct DecodeRow {
     /// Each segment's graph timed with device events over the replayed steps (ms per step).
     pub ms_per_segment: Vec<f64>,
     pub ms_per_token_eager: f64,
+    /// The host side of replayed steps, µs a token (a pass of its own).
+    pub host_us_per_token: HostRow,
     pub bytes_per_token: u64,
     /// Bytes per token over the step time, over the measured copy bandwidth (graphs on).
     pub fraction_of_copy_bandwidth: f64,
+}
+
+/// Where a replayed decode step's wall time goes on the host, µs a token
+/// (`exec::cuda::executor::HostTimes`): until the graph is launched, waiting for the device,
+/// downloading the logits, and outside the executor (the session and the caller).
+#[derive(Debug, Default, Serialize)]
+pub struct HostRow {
+    pub submit: f64,
+    pub wait: f64,
+    pub download: f64,
+    pub outside: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -517,6 +530,24 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             .into_iter()
             .map(|(n, ms)| ms / n.max(1) as f64)
             .collect();
+        // The host side of replayed steps (their waits included, so that the parts add up to
+        // the wall time of the same steps).
+        s.set_cuda_graphs(true);
+        s.cuda_host_times(true);
+        let t = Instant::now();
+        for i in 0..opts.decode_steps {
+            s.decode(token(i + 40, vocab))?;
+        }
+        let wall_us = t.elapsed().as_secs_f64() * 1e6;
+        let host = s.cuda_host_times(false).unwrap_or_default();
+        let per = |seconds: f64| seconds * 1e6 / host.steps.max(1) as f64;
+        let host_us_per_token = HostRow {
+            submit: per(host.submit),
+            wait: per(host.wait),
+            download: per(host.download),
+            outside: (wall_us - (host.submit + host.wait + host.download) * 1e6)
+                / opts.decode_steps.max(1) as f64,
+        };
         let ms_eager = timed(&mut s, false)?;
         if ctx == *opts.contexts.iter().max().unwrap_or(&ctx) {
             s.set_cuda_graphs(false);
@@ -535,6 +566,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             ms_per_token_graphs_serial: ms_graphs_serial,
             ms_per_segment,
             ms_per_token_eager: ms_eager,
+            host_us_per_token,
             bytes_per_token: bytes,
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
         });
@@ -619,6 +651,15 @@ impl std::fmt::Display for BenchReport {
                 r.bytes_per_token as f64 / 1e6,
                 r.fraction_of_copy_bandwidth,
                 segs.join(", ")
+            )?;
+        }
+        for r in &self.decode {
+            let h = &r.host_us_per_token;
+            writeln!(
+                f,
+                "  host per replayed token at {}: {:.1} us until launched, {:.1} waiting for the \
+                 device, {:.1} downloading the logits, {:.1} outside the executor",
+                r.context, h.submit, h.wait, h.download, h.outside
             )?;
         }
         let b = &self.decode_bytes_at_largest_context;

@@ -119,6 +119,17 @@ impl<'m> Session<'m> {
         taken.unwrap_or_default()
     }
 
+    /// Starts (or, with `false`, stops and returns) timing the host side of replayed CUDA-graph
+    /// steps (`exec::cuda::executor::HostTimes`); `None` on the CPU or when it was off.
+    pub fn cuda_host_times(&mut self, on: bool) -> Option<crate::exec::cuda::executor::HostTimes> {
+        let d = self.device_state.as_mut()?;
+        let taken = d.host_times.take();
+        if on {
+            d.host_times = Some(Default::default());
+        }
+        taken
+    }
+
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
     pub fn graph_replays(&self) -> usize {
         self.device_state.as_ref().map_or(0, |d| d.replays)

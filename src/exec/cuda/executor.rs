@@ -278,6 +278,8 @@ pub struct DeviceState {
     /// When set, replayed steps time each segment's graph with device events: per segment
     /// index, (replays timed, milliseconds in all).
     pub segment_ms: Option<Vec<(usize, f64)>>,
+    /// When set, replayed steps time their host side here ([`HostTimes`]).
+    pub host_times: Option<HostTimes>,
     /// When set, eager steps time every node with device events and add its time here, by node
     /// name: (steps timed, seconds). The step is queued behind a spinning kernel, so the events
     /// time the kernels back to back (as in a graph replay), not the host's launch rate.
@@ -291,6 +293,18 @@ pub struct DeviceState {
     programmatic_launch: bool,
 }
 
+/// Where the host's time goes in replayed steps (seconds in all over `steps`): from entering
+/// [`run`] until the step's graphs are launched (the step's small uploads and the launch calls),
+/// then waiting for the device, then downloading the logits. What a caller measures beyond
+/// their sum is outside the executor (the session, the caller's own work).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostTimes {
+    pub steps: usize,
+    pub submit: f64,
+    pub wait: f64,
+    pub download: f64,
+}
+
 impl DeviceState {
     pub fn new(capacity: usize) -> DeviceState {
         DeviceState {
@@ -301,6 +315,7 @@ impl DeviceState {
             graphs: HashMap::new(),
             replays: 0,
             segment_ms: None,
+            host_times: None,
             profile: None,
             sync_each_node: false,
             programmatic_launch: true,
@@ -378,6 +393,7 @@ pub fn run(
     tokens: &[i64],
     graphs: bool,
 ) -> Result<(Vec<f32>, usize), CudaError> {
+    let entered = std::time::Instant::now();
     let _step = gpu.lock_step();
     let rows_in = tokens.len();
     let start = state.position;
@@ -417,6 +433,7 @@ pub fn run(
     gpu.set_programmatic_launch(
         state.programmatic_launch && !state.sync_each_node && state.profile.is_none(),
     );
+    let mut replayed = false;
     if graphs && state.graphs.contains_key(&key) {
         // One graph per segment; host work between segments would go between these launches
         // (no op needs any today: `passes::segment`).
@@ -443,6 +460,7 @@ pub fn run(
             }
         }
         state.replays += 1;
+        replayed = true;
     } else if graphs && !first_use {
         // Captured segment by segment (see `record_nodes`), then launched in order.
         let captured = record(gpu, program, weights, state, key, true)?;
@@ -457,9 +475,21 @@ pub fn run(
         record(gpu, program, weights, state, key, false)?;
     }
     let io = &state.io[&key];
+    let timing = replayed && state.host_times.is_some();
+    let launched = entered.elapsed().as_secs_f64();
+    if timing {
+        gpu.sync("a timed step")?;
+    }
+    let waited = entered.elapsed().as_secs_f64();
     let data = gpu.download(&io.logits, "logits")?;
     gpu.sync("the step")?;
     let rows = io.logits_rows;
+    if let (true, Some(t)) = (timing, state.host_times.as_mut()) {
+        t.steps += 1;
+        t.submit += launched;
+        t.wait += waited - launched;
+        t.download += entered.elapsed().as_secs_f64() - waited;
+    }
     state.position += rows_in;
     Ok((data, rows))
 }
