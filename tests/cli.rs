@@ -304,4 +304,6 @@ fn bench_checks_its_schedule_before_the_device() {
     assert!(!ok && stderr.contains("fusion `nope`"), "{stderr}");
     let (ok, _, stderr) = graphrun(&["--graphs", "no/such/dir", "bench"]);
     assert!(!ok && stderr.contains("no/such/dir"), "{stderr}");
+    let (ok, _, stderr) = graphrun(&["bench", "--prefills", "2048,0"]);
+    assert!(!ok && stderr.contains("--prefills"), "{stderr}");
 }

@@ -408,6 +408,11 @@ fn token(i: usize, vocab: usize) -> u32 {
 
 pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<BenchReport> {
     let plan = bench_plan(config_text, origin, opts.layers, opts.ple_vocab_base)?;
+    if opts.prefills.contains(&0) {
+        return Err(Error::Input(
+            "--prefills: a prompt of 0 tokens has no prefill to time".into(),
+        ));
+    }
     let max_ctx = opts
         .contexts
         .iter()
