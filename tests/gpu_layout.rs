@@ -186,10 +186,11 @@ fn layout_kernels_match_the_cpu_reference() {
                 let norm = random(&mut rng, norm_len);
                 let dnorm = gpu.upload(&norm, "norm").unwrap();
                 let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, &ri, rows, c, 1e-6);
-                // Every first-kernel variant (outputs a block), besides the one the shape takes.
+                // Every first-kernel variant (outputs a block), the executor's
+                // (HcReadAct::CHOSEN) among them.
                 for v in HcReadAct::ALL {
                     let (x, inj) =
-                        layout::hc_read_with(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6, v)
+                        layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6, v)
                             .unwrap();
                     let sn = format!("{s} norm{norm_len} {}", v.name());
                     report.check(
@@ -391,7 +392,7 @@ fn layout_shape_errors_name_the_kernel() {
     let three = HcReadAct {
         outputs_per_block: 3,
     };
-    let err = layout::hc_read_with(
+    let err = layout::hc_read(
         &gpu, &h, &norm, &bf16_w, &bf16_w, &inject, 1, 4, 1e-6, three,
     )
     .expect_err("no such variant");

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::fraction;
 use crate::error::Result;
-use crate::exec::cuda::launch::layout::{hc_read_with, HcReadAct};
+use crate::exec::cuda::launch::layout::{hc_read, HcReadAct};
 use crate::exec::cuda::launch::linear::{
     linear_group, linear_hc_write_with, linear_one_token, OneToken,
 };
@@ -222,13 +222,13 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
         let h = gpu.zeros::<f32>(width, "a sweep residual")?;
         let norm = gpu.zeros::<f32>(norm_len, "a sweep norm")?;
         let _pool = output_pool(gpu, (rank + 2 * streams + width / streams) * 4 + 1024)?;
-        let chosen = HcReadAct::for_shape(1, width);
+        let chosen = HcReadAct::CHOSEN;
         let launches = LAUNCHES.max(row_sets.len()).max(up_sets.len());
         for v in HcReadAct::ALL {
             let us = time_back_to_back(gpu, launches, &|i| {
                 gpu.next_node_scratch();
                 let (d, u) = (&row_sets[i % row_sets.len()], &up_sets[i % up_sets.len()]);
-                hc_read_with(gpu, &h, &norm, &d[0], &u[0], &d[1], 1, streams, 1e-6, v).map(drop)
+                hc_read(gpu, &h, &norm, &d[0], &u[0], &d[1], 1, streams, 1e-6, v).map(drop)
             })?;
             rows.push(SweepRow {
                 kernel: "hc_read (act + gate)".to_string(),

@@ -815,6 +815,7 @@ fn launch_node<'v>(
                 rows,
                 *streams,
                 eps,
+                layout::HcReadAct::CHOSEN,
             )?;
             vec![DVal::F32 { rows, buf: x }, DVal::F32 { rows, buf: inj }]
         }

@@ -323,16 +323,14 @@ impl HcReadAct {
         },
     ];
 
-    /// The variant the executor takes: one output a block, from the sweep on the H200
-    /// (`graphrun bench --sweep-linear`, results/2026-11-30-bench-sweep-hc-read.log; act + gate
-    /// back to back at the real 10240 -> 320: 12.2 µs, 2 a block 15.5, 4 a block 14.1: every
-    /// block reads the whole row of h and of the norm weight from L2, so more blocks spread that
-    /// over more multiprocessors).
-    pub fn for_shape(_rows: usize, _width: usize) -> HcReadAct {
-        HcReadAct {
-            outputs_per_block: 1,
-        }
-    }
+    /// The variant the executor takes at every shape: one output a block, from the sweep on the
+    /// H200 (`graphrun bench --sweep-linear`, results/2026-11-30-bench-sweep-hc-read.log; act +
+    /// gate back to back at the real 10240 -> 320: 12.2 µs, 2 a block 15.5, 4 a block 14.1:
+    /// every block reads the whole row of h and of the norm weight from L2, so more blocks
+    /// spread that over more multiprocessors).
+    pub const CHOSEN: HcReadAct = HcReadAct {
+        outputs_per_block: 1,
+    };
 
     pub fn name(self) -> String {
         format!("r{}", self.outputs_per_block)
@@ -345,27 +343,10 @@ const HC_ACT_CHUNKS: usize = 4;
 /// The fused hyper-connection read (`ops::hyper::hc_read`): for each row of `h [rows, C*H]`,
 /// `x = hc_mix(hn)` and `inj = hc_inject(hn)` with `hn` the per-stream RMS norm of `h` (unit
 /// offset, weight `norm [C*H or H]`), never stored: a kernel for the C inverse RMS, the R mix
-/// activations and the C gains (a few of them a block, for each row), and the mix's gate.
+/// activations and the C gains (`variant`: a few of them a block, for each row; the executor
+/// passes [`HcReadAct::CHOSEN`], the sweep and the GPU tests each), and the mix's gate.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_read(
-    gpu: &Gpu,
-    h: &CudaSlice<f32>,
-    norm: &CudaSlice<f32>,
-    down: &DeviceMatrix,
-    up: &DeviceMatrix,
-    inject: &DeviceMatrix,
-    rows: usize,
-    streams: usize,
-    eps: f32,
-) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
-    let width = h.len().checked_div(rows).unwrap_or(0);
-    let variant = HcReadAct::for_shape(rows, width);
-    hc_read_with(gpu, h, norm, down, up, inject, rows, streams, eps, variant)
-}
-
-/// `hc_read` with the given first-kernel variant (the sweep and the GPU tests try each).
-#[allow(clippy::too_many_arguments)]
-pub fn hc_read_with(
     gpu: &Gpu,
     h: &CudaSlice<f32>,
     norm: &CudaSlice<f32>,

@@ -305,9 +305,8 @@ pub fn moe_experts(
     let cfg = LaunchConfig {
         grid_dim: ((rows * hidden).clamp(1, 65_535 * 8) as u32, 1, 1),
         block_dim: ((warps * 32) as u32, 1, 1),
-        // top_k floats, rounded up to whole 16-byte words: the compiler may read the slot
-        // products with vector loads (compute-sanitizer flagged a 12-byte read of 8 bytes).
-        shared_mem_bytes: (top_k * 4).next_multiple_of(16) as u32,
+        // top_k floats (the launcher rounds dynamic shared memory up to 16-byte words).
+        shared_mem_bytes: (top_k * 4) as u32,
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
