@@ -185,34 +185,172 @@ __device__ __forceinline__ void gdn_recurrence(float* out, float* state, const f
         if (col && row0 + r < dk) S[(long)(row0 + r) * dv + j] = s[r];
 }
 
+// Where a token's gates come from: given (gdn_gates_reference_f32's beta and g), or formed from
+// b and a (`Op::GdnGatedRecurrence`: the gate kernel's launch is gone) with
+// gdn_gates_reference_f32's expressions (compiled into another kernel they may round
+// differently: tests/gpu_gdn.rs holds both to the CPU reference).
+struct GdnGivenGates {
+    const float *beta, *g;
+    int value_heads;
+    __device__ __forceinline__ void operator()(int t, int h, float& b, float& gt) const {
+        b = beta[(long)t * value_heads + h];
+        gt = g[(long)t * value_heads + h];
+    }
+};
+
+struct GdnRawGates {
+    const float *b_in, *a_in, *a_log, *dt_bias;
+    int value_heads;
+    __device__ __forceinline__ void operator()(int t, int h, float& b, float& gt) const {
+        const long i = (long)t * value_heads + h;
+        b = sigmoid_f32(b_in[i]);
+        gt = -expf(a_log[h]) * softplus_f32(a_in[i] + dt_bias[h]);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The same recurrence with a warp per 8 columns of a head's state (`_warp`, dk ≤ GDNW_MAX_DK):
+// no block barrier a token. Lane l holds column j0 + l % 8 of rows l / 8 + 4i (i < dk / 4), so
+// a warp's state loads read 32 contiguous bytes of 4 rows at a time; q and k of the token are
+// normalised by the whole warp and staged in the warp's shared slice, (Sᵀk)_j and (Sᵀq)_j are a
+// lane's sum over its rows and then over the 4 lanes of its column (two shuffles).
+#define GDNW_COLS 8
+#define GDNW_ROWS 32
+#define GDNW_MAX_DK (4 * GDNW_ROWS)
+#define GDNW_WARPS 4
+// Chunks of q and k a lane normalises: channels lane + 32m.
+#define GDNW_QK (GDNW_MAX_DK / 32)
+
+template <typename Gates>
+__device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, const float* qkv, Gates gates, int rows,
+                                                    int key_heads, int value_heads, int dk, int dv) {
+    __shared__ float qk[GDNW_WARPS][2][GDNW_MAX_DK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x;
+    const int kh = h / (value_heads / key_heads);
+    const int j0 = (blockIdx.y * GDNW_WARPS + warp) * GDNW_COLS;
+    if (j0 >= dv) return;  // the whole warp: nothing below synchronises more than a warp
+    const int j = j0 + (lane & (GDNW_COLS - 1)), r0 = lane / GDNW_COLS;
+    const bool col = j < dv;
+    const long key_dim = (long)key_heads * dk;
+    const long width = 2 * key_dim + (long)value_heads * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float* S = state + (long)h * dk * dv;
+    float* qs = qk[warp][0];
+    float* ks = qk[warp][1];
+
+    float s[GDNW_ROWS];
+#pragma unroll
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        const int r = r0 + 4 * i;
+        s[i] = (col && r < dk) ? S[(long)r * dv + j] : 0.0f;
+    }
+
+    // Token t's inputs, loaded a token ahead (as gdn_recurrence).
+    const auto load = [&](int t, float* qv, float* kv, float& vv, float& b, float& gt) {
+        const float* row = qkv + (long)t * width;
+#pragma unroll
+        for (int m = 0; m < GDNW_QK; m++) {
+            const int c = lane + 32 * m;
+            qv[m] = c < dk ? row[kh * dk + c] : 0.0f;
+            kv[m] = c < dk ? row[key_dim + kh * dk + c] : 0.0f;
+        }
+        vv = col ? row[2 * key_dim + (long)h * dv + j] : 0.0f;
+        gates(t, h, b, gt);
+    };
+    float qv_next[GDNW_QK], kv_next[GDNW_QK], vv_next = 0.0f, b_next = 0.0f, gt_next = 0.0f;
+    if (rows > 0) load(0, qv_next, kv_next, vv_next, b_next, gt_next);
+    for (int t = 0; t < rows; t++) {
+        float qv[GDNW_QK], kv[GDNW_QK];
+#pragma unroll
+        for (int m = 0; m < GDNW_QK; m++) {
+            qv[m] = qv_next[m];
+            kv[m] = kv_next[m];
+        }
+        const float vv = vv_next, b = b_next, gt = gt_next;
+        if (t + 1 < rows) load(t + 1, qv_next, kv_next, vv_next, b_next, gt_next);
+        // 1. q and k normalised (sums of squares over the warp), staged for the lanes' rows.
+        float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int m = 0; m < GDNW_QK; m++) {
+            sq += qv[m] * qv[m];
+            sk += kv[m] * kv[m];
+        }
+        const float inv_q = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), inv_k = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
+        __syncwarp();  // the previous token's reads of qs and ks are done
+#pragma unroll
+        for (int m = 0; m < GDNW_QK; m++) {
+            const int c = lane + 32 * m;
+            if (c < dk) {
+                qs[c] = qv[m] * inv_q * scale;
+                ks[c] = kv[m] * inv_k;
+            }
+        }
+        __syncwarp();
+        // 2. Decay and (Sᵀk)_j.
+        const float decay = expf(gt);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GDNW_ROWS; i++) {
+            const int r = r0 + 4 * i;
+            if (r < dk) {
+                s[i] *= decay;
+                p += s[i] * ks[r];
+            }
+        }
+        p += __shfl_xor_sync(0xffffffffu, p, 8);
+        p += __shfl_xor_sync(0xffffffffu, p, 16);
+        // 3. u_j, the rank-1 update and o_j = (Sᵀq)_j.
+        const float u = col ? (vv - p) * b : 0.0f;
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GDNW_ROWS; i++) {
+            const int r = r0 + 4 * i;
+            if (r < dk) {
+                s[i] += ks[r] * u;
+                o += s[i] * qs[r];
+            }
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 8);
+        o += __shfl_xor_sync(0xffffffffu, o, 16);
+        if (r0 == 0 && col) out[(long)t * value_heads * dv + (long)h * dv + j] = o;
+    }
+
+#pragma unroll
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        const int r = r0 + 4 * i;
+        if (col && r < dk) S[(long)r * dv + j] = s[i];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
     gdn_recurrence_reference_f32(float* out, float* state, const float* qkv, const float* beta, const float* g,
                                  int rows, int key_heads, int value_heads, int dk, int dv) {
     wait_for_producers();
-    gdn_recurrence(
-        out, state, qkv,
-        [&](int t, int h, float& b, float& gt) {
-            b = beta[(long)t * value_heads + h];
-            gt = g[(long)t * value_heads + h];
-        },
-        rows, key_heads, value_heads, dk, dv);
+    gdn_recurrence(out, state, qkv, GdnGivenGates{beta, g, value_heads}, rows, key_heads, value_heads, dk, dv);
 }
 
-// The gates folded in (`Op::GdnGatedRecurrence`): each block forms its head's beta and g from b
-// and a with gdn_gates_reference_f32's expressions (compiled into this kernel they may round
-// differently: tests/gpu_gdn.rs holds both to the CPU reference), and the gate kernel's launch
-// is gone.
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
     gdn_gated_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
                              const float* a_log, const float* dt_bias, int rows, int key_heads, int value_heads,
                              int dk, int dv) {
     wait_for_producers();
-    gdn_recurrence(
-        out, state, qkv,
-        [&](int t, int h, float& b, float& gt) {
-            const long i = (long)t * value_heads + h;
-            b = sigmoid_f32(b_in[i]);
-            gt = -expf(a_log[h]) * softplus_f32(a_in[i] + dt_bias[h]);
-        },
-        rows, key_heads, value_heads, dk, dv);
+    gdn_recurrence(out, state, qkv, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, rows, key_heads,
+                   value_heads, dk, dv);
+}
+
+extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
+    gdn_recurrence_warp_f32(float* out, float* state, const float* qkv, const float* beta, const float* g, int rows,
+                            int key_heads, int value_heads, int dk, int dv) {
+    wait_for_producers();
+    gdn_recurrence_warp(out, state, qkv, GdnGivenGates{beta, g, value_heads}, rows, key_heads, value_heads, dk, dv);
+}
+
+extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
+    gdn_gated_recurrence_warp_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
+                                  const float* a_log, const float* dt_bias, int rows, int key_heads, int value_heads,
+                                  int dk, int dv) {
+    wait_for_producers();
+    gdn_recurrence_warp(out, state, qkv, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, rows, key_heads,
+                        value_heads, dk, dv);
 }

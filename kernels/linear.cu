@@ -504,3 +504,11 @@ extern "C" __global__ void __launch_bounds__(128) linear_mma64_bf16(float* y, co
     wait_for_producers();
     linear_mma<2, 2, 2, 4>(y, x, w, tokens, k, n);
 }
+
+// 128 tokens x 64 outputs, 8 warps (4 x 2), each 32 x 32; 40 KB of shared memory: each weight
+// tile staged once serves twice the tokens of linear_mma64 (the `mma128` variant).
+extern "C" __global__ void __launch_bounds__(256) linear_mma128_bf16(float* y, const float* x, const bf16_t* w,
+                                                                     long tokens, long k, long n) {
+    wait_for_producers();
+    linear_mma<4, 2, 2, 4>(y, x, w, tokens, k, n);
+}

@@ -15,7 +15,7 @@ mod common;
 
 use common::gpu::*;
 use cudarc::driver::CudaSlice;
-use graphrun::exec::cuda::launch::gdn;
+use graphrun::exec::cuda::launch::gdn::{self, GdnLayout};
 use graphrun::exec::cuda::Gpu;
 use graphrun::ops::conv;
 use graphrun::ops::gdn::{self as cpu_gdn, GdnShape};
@@ -218,6 +218,13 @@ fn gdn_recurrence_matches_the_cpu_reference() {
             key_dim: 40,
             value_dim: 40,
         },
+        // odd for the warp layout: rows not a multiple of 4, a partial group of 8 columns
+        GdnShape {
+            key_heads: 2,
+            value_heads: 2,
+            key_dim: 37,
+            value_dim: 12,
+        },
         // real
         GdnShape {
             key_heads: 16,
@@ -244,21 +251,6 @@ fn gdn_recurrence_matches_the_cpu_reference() {
                 gpu.upload(&beta, "beta").unwrap(),
                 gpu.upload(&g, "g").unwrap(),
             );
-            let mut dstate = gpu.upload(&state0, "state").unwrap();
-            let o = gdn::gdn_recurrence(&gpu, &dq, given(&db, &dg), &mut dstate, rows, s).unwrap();
-            let sh = format!("T{rows} {name} a{a_shift:+}");
-            report.check(
-                "gdn_recurrence_reference_f32 o",
-                &sh,
-                &down(&gpu, &o),
-                &want,
-            );
-            report.check(
-                "gdn_recurrence_reference_f32 S",
-                &sh,
-                &down(&gpu, &dstate),
-                &cpu_state,
-            );
             // The gates formed in the kernel (`Op::GdnGatedRecurrence`): against the CPU's
             // gates-then-recurrence. (Not bit for bit the two-kernel result: the same expressions
             // compiled into one kernel round differently at 64 tokens, within 1e-7 of the CPU.)
@@ -277,17 +269,34 @@ fn gdn_recurrence_matches_the_cpu_reference() {
                 .iter()
                 .map(|v| gpu.upload(v, "gate input").unwrap())
                 .collect();
-            let mut dstate2 = gpu.upload(&state0, "state").unwrap();
-            let gates = gdn::GdnGates::Raw {
-                b: &draw[0],
-                a: &draw[1],
-                a_log: &draw[2],
-                dt_bias: &draw[3],
-            };
-            let o2 = gdn::gdn_recurrence(&gpu, &dq, gates, &mut dstate2, rows, s).unwrap();
-            let (o2, s2) = (down(&gpu, &o2), down(&gpu, &dstate2));
-            report.check("gdn_gated_recurrence_f32 o", &sh, &o2, &want2);
-            report.check("gdn_gated_recurrence_f32 S", &sh, &s2, &cpu_state2);
+            for layout in GdnLayout::ALL {
+                let sh = format!("T{rows} {name} a{a_shift:+} {layout:?}");
+                let mut dstate = gpu.upload(&state0, "state").unwrap();
+                let o = gdn::gdn_recurrence_with(
+                    &gpu,
+                    &dq,
+                    given(&db, &dg),
+                    &mut dstate,
+                    rows,
+                    s,
+                    layout,
+                )
+                .unwrap();
+                report.check("gdn_recurrence o", &sh, &down(&gpu, &o), &want);
+                report.check("gdn_recurrence S", &sh, &down(&gpu, &dstate), &cpu_state);
+                let mut dstate2 = gpu.upload(&state0, "state").unwrap();
+                let gates = gdn::GdnGates::Raw {
+                    b: &draw[0],
+                    a: &draw[1],
+                    a_log: &draw[2],
+                    dt_bias: &draw[3],
+                };
+                let o2 = gdn::gdn_recurrence_with(&gpu, &dq, gates, &mut dstate2, rows, s, layout)
+                    .unwrap();
+                let (o2, s2) = (down(&gpu, &o2), down(&gpu, &dstate2));
+                report.check("gdn_gated_recurrence o", &sh, &o2, &want2);
+                report.check("gdn_gated_recurrence S", &sh, &s2, &cpu_state2);
+            }
         }
 
         // 8 rows at once, and 5 then 3 with the state carried, on both sides.
@@ -313,56 +322,33 @@ fn gdn_recurrence_matches_the_cpu_reference() {
         );
 
         let up = |v: &[f32]| gpu.upload(v, "recurrence input").unwrap();
-        let mut dstate = up(&state0);
-        let gpu_whole = down(
-            &gpu,
-            &gdn::gdn_recurrence(
-                &gpu,
-                &up(&qkv),
-                given(&up(&beta), &up(&g)),
-                &mut dstate,
-                8,
-                s,
-            )
-            .unwrap(),
-        );
-        let gpu_whole_state = down(&gpu, &dstate);
-        let mut dstate = up(&state0);
-        let mut gpu_split = down(
-            &gpu,
-            &gdn::gdn_recurrence(&gpu, &up(q5), given(&up(b5), &up(g5)), &mut dstate, 5, s)
-                .unwrap(),
-        );
-        gpu_split.extend(down(
-            &gpu,
-            &gdn::gdn_recurrence(&gpu, &up(q3), given(&up(b3), &up(g3)), &mut dstate, 3, s)
-                .unwrap(),
-        ));
-        let gpu_split_state = down(&gpu, &dstate);
-        report.same(
-            "gdn_recurrence_reference_f32 o",
-            &sh,
-            &gpu_split,
-            &gpu_whole,
-        );
-        report.same(
-            "gdn_recurrence_reference_f32 S",
-            &sh,
-            &gpu_split_state,
-            &gpu_whole_state,
-        );
-        report.check(
-            "gdn_recurrence_reference_f32 o",
-            &sh,
-            &gpu_split,
-            &cpu_whole,
-        );
-        report.check(
-            "gdn_recurrence_reference_f32 S",
-            &sh,
-            &gpu_split_state,
-            &cpu_whole_state,
-        );
+        for layout in GdnLayout::ALL {
+            let sh = format!("T5+3 {name} {layout:?}");
+            let run = |q: &[f32], b: &[f32], g: &[f32], state: &mut CudaSlice<f32>, rows| {
+                let o = gdn::gdn_recurrence_with(
+                    &gpu,
+                    &up(q),
+                    given(&up(b), &up(g)),
+                    state,
+                    rows,
+                    s,
+                    layout,
+                )
+                .unwrap();
+                down(&gpu, &o)
+            };
+            let mut dstate = up(&state0);
+            let gpu_whole = run(&qkv, &beta, &g, &mut dstate, 8);
+            let gpu_whole_state = down(&gpu, &dstate);
+            let mut dstate = up(&state0);
+            let mut gpu_split = run(q5, b5, g5, &mut dstate, 5);
+            gpu_split.extend(run(q3, b3, g3, &mut dstate, 3));
+            let gpu_split_state = down(&gpu, &dstate);
+            report.same("gdn_recurrence o", &sh, &gpu_split, &gpu_whole);
+            report.same("gdn_recurrence S", &sh, &gpu_split_state, &gpu_whole_state);
+            report.check("gdn_recurrence o", &sh, &gpu_split, &cpu_whole);
+            report.check("gdn_recurrence S", &sh, &gpu_split_state, &cpu_whole_state);
+        }
     }
     gpu.sync("the gdn_recurrence checks").unwrap();
     println!("{} gdn_recurrence checks passed", report.0.len());
@@ -402,4 +388,20 @@ fn gdn_shape_errors_name_the_kernel() {
         err.to_string().contains("gdn_recurrence_reference_f32"),
         "{err}"
     );
+    // dk 256: the block layout takes it, the warp layout (dk up to 128) refuses it.
+    let s = GdnShape { key_dim: 256, ..s };
+    let qkv = gpu.upload(&vec![0.0f32; 2 * 256 + 1], "qkv").unwrap();
+    let mut state = gpu.upload(&vec![0.0f32; 256], "state").unwrap();
+    assert_eq!(GdnLayout::for_shape(&s), GdnLayout::Block);
+    let err = gdn::gdn_recurrence_with(
+        &gpu,
+        &qkv,
+        given(&one, &one),
+        &mut state,
+        1,
+        &s,
+        GdnLayout::WarpColumns,
+    )
+    .expect_err("a shape error: dk above the warp layout's limit");
+    assert!(err.to_string().contains("gdn_recurrence_warp_f32"), "{err}");
 }

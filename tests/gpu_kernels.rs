@@ -12,7 +12,7 @@ mod common;
 
 use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use graphrun::exec::cuda::launch::linear::OneToken;
+use graphrun::exec::cuda::launch::linear::{MmaTile, OneToken};
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
@@ -413,13 +413,16 @@ fn kernels_match_the_cpu_reference() {
     // about 2.1e-6 RMS on uniform inputs; the tensor cores accumulate in f32), under the f32
     // bound. Each output starts as NaN (an arena slot filled with NaN): an unwritten value fails.
     // k % 8 != 0 and f32 weights go to linear_tiled.
-    let mma = |dx: &CudaSlice<f32>, dw: &DeviceMatrix, t: usize, k: usize, n: usize| {
+    let mma_tile = |dx: &CudaSlice<f32>, dw: &DeviceMatrix, t: usize, k: usize, n: usize, tile| {
         let poison = gpu.upload(&vec![f32::NAN; t * n], "poison").unwrap();
         gpu.set_slots(&[(poison.device_ptr(&gpu.stream).0, t * n * 4)]);
-        let y = launch::linear_mma(&gpu, dx, dw, t, k, n).unwrap();
+        let y = launch::linear::linear_mma_with(&gpu, dx, dw, t, k, n, tile).unwrap();
         let got = gpu.download(&y, "y").unwrap();
         drop(y);
         got
+    };
+    let mma = |dx: &CudaSlice<f32>, dw: &DeviceMatrix, t: usize, k: usize, n: usize| {
+        mma_tile(dx, dw, t, k, n, MmaTile::T64)
     };
     for (t, k, n, scale) in [
         (65, 40, 19, 1.0),
@@ -443,6 +446,8 @@ fn kernels_match_the_cpu_reference() {
         let want = linear::tiled(&x, &widen(&bits), t, k, n);
         let s = format!("T{t} {k}->{n}{}", if scale != 1.0 { " x*1000" } else { "" });
         report.check("linear_mma64_bf16", &s, &mma(&dx, &dw, t, k, n), &want);
+        let got = mma_tile(&dx, &dw, t, k, n, MmaTile::T128);
+        report.check("linear_mma128_bf16", &s, &got, &want);
     }
     for (t, k, n, bf16) in [(9, 37, 53, true), (65, 40, 19, false)] {
         let x = random(&mut rng, t * k);

@@ -790,6 +790,15 @@ fn launch_node<'v>(
                 "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
                 // Tensor cores for bf16 weights with k % 8 == 0; linear_tiled otherwise.
                 "mma" => launch::linear_mma(gpu, x, m, rows, k, n)?,
+                "mma128" => launch::linear::linear_mma_with(
+                    gpu,
+                    x,
+                    m,
+                    rows,
+                    k,
+                    n,
+                    launch::linear::MmaTile::T128,
+                )?,
                 _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
             };
             vec![DVal::F32 { rows, buf: y }]

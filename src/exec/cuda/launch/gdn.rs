@@ -169,23 +169,98 @@ pub enum GdnGates<'a> {
 }
 
 impl<'a> GdnGates<'a> {
-    /// The kernel, and its gate arguments in order: two `[rows, Vh]`, then (raw) two `[Vh]`.
-    fn kernel_and_args(&self) -> (&'static str, Vec<&'a CudaSlice<f32>>) {
+    /// The kernel for `layout`, and its gate arguments in order: two `[rows, Vh]`, then (raw)
+    /// two `[Vh]`.
+    fn kernel_and_args(&self, layout: GdnLayout) -> (&'static str, Vec<&'a CudaSlice<f32>>) {
+        let warp = layout == GdnLayout::WarpColumns;
         match *self {
-            GdnGates::Given { beta, g } => ("gdn_recurrence_reference_f32", vec![beta, g]),
+            GdnGates::Given { beta, g } => (
+                if warp {
+                    "gdn_recurrence_warp_f32"
+                } else {
+                    "gdn_recurrence_reference_f32"
+                },
+                vec![beta, g],
+            ),
             GdnGates::Raw {
                 b,
                 a,
                 a_log,
                 dt_bias,
-            } => ("gdn_gated_recurrence_f32", vec![b, a, a_log, dt_bias]),
+            } => (
+                if warp {
+                    "gdn_gated_recurrence_warp_f32"
+                } else {
+                    "gdn_gated_recurrence_f32"
+                },
+                vec![b, a, a_log, dt_bias],
+            ),
+        }
+    }
+}
+
+/// How the recurrence's kernel lays a head's state `[dk, dv]` over threads (kernels/gdn.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnLayout {
+    /// A block per (head, 32 columns), a warp per 32 rows: four block barriers a token; dk up to
+    /// 512.
+    Block,
+    /// A warp per (head, 8 columns), each lane a column's dk/4 rows: no block barrier, two
+    /// shuffles per reduction; dk up to 128 (`GDNW_MAX_DK`).
+    WarpColumns,
+}
+
+/// Must match GDN_COLS, GDN_MAX_THREADS (Block) and GDNW_COLS, GDNW_WARPS, GDNW_MAX_DK
+/// (WarpColumns) in kernels/gdn.cu.
+const BLOCK_COLS: usize = 32;
+const BLOCK_MAX_DK: usize = 512;
+const WARP_COLS: usize = 8;
+const WARPS_PER_BLOCK: usize = 4;
+const WARP_MAX_DK: usize = 128;
+
+impl GdnLayout {
+    /// Both layouts, for the tests.
+    pub const ALL: [GdnLayout; 2] = [GdnLayout::Block, GdnLayout::WarpColumns];
+
+    /// The layout the executor takes: a warp per 8 columns where dk allows.
+    pub fn for_shape(s: &GdnShape) -> GdnLayout {
+        if s.key_dim <= WARP_MAX_DK {
+            GdnLayout::WarpColumns
+        } else {
+            GdnLayout::Block
+        }
+    }
+
+    fn max_dk(self) -> usize {
+        match self {
+            GdnLayout::Block => BLOCK_MAX_DK,
+            GdnLayout::WarpColumns => WARP_MAX_DK,
+        }
+    }
+
+    /// Grid and block for `s`.
+    fn launch(self, s: &GdnShape) -> LaunchConfig {
+        let (grid_y, threads) = match self {
+            GdnLayout::Block => (
+                s.value_dim.div_ceil(BLOCK_COLS),
+                s.key_dim.next_multiple_of(32),
+            ),
+            GdnLayout::WarpColumns => (
+                s.value_dim.div_ceil(WARP_COLS * WARPS_PER_BLOCK),
+                WARPS_PER_BLOCK * 32,
+            ),
+        };
+        LaunchConfig {
+            grid_dim: (s.value_heads as u32, grid_y as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
         }
     }
 }
 
 /// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with the gates
 /// `gates` (given, or formed in the kernel); `state [Vh, dk, dv]` is updated in place. Returns
-/// `o [rows, Vh*dv]`.
+/// `o [rows, Vh*dv]`. The layout from [`GdnLayout::for_shape`].
 pub fn gdn_recurrence(
     gpu: &Gpu,
     qkv: &CudaSlice<f32>,
@@ -194,10 +269,22 @@ pub fn gdn_recurrence(
     rows: usize,
     s: &GdnShape,
 ) -> Result<Buf<f32>, CudaError> {
-    let (name, gate_args) = gates.kernel_and_args();
-    // Must match GDN_COLS and GDN_MAX_THREADS in kernels/gdn.cu.
-    const COLS: usize = 32;
-    const MAX_DK: usize = 512;
+    gdn_recurrence_with(gpu, qkv, gates, state, rows, s, GdnLayout::for_shape(s))
+}
+
+/// `gdn_recurrence` with the given layout (the tests try both).
+pub fn gdn_recurrence_with(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    gates: GdnGates<'_>,
+    state: &mut CudaSlice<f32>,
+    rows: usize,
+    s: &GdnShape,
+    layout: GdnLayout,
+) -> Result<Buf<f32>, CudaError> {
+    let (name, gate_args) = gates.kernel_and_args(layout);
+    let max_dk = layout.max_dk();
+    let cfg = layout.launch(s);
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
     shape(
         name,
@@ -205,11 +292,11 @@ pub fn gdn_recurrence(
             && rows <= i32::MAX as usize
             && kh > 0
             && vh.is_multiple_of(kh)
-            && (1..=MAX_DK).contains(&dk)
+            && (1..=max_dk).contains(&dk)
             && dv > 0
             && vh <= 65_535
-            && dv.div_ceil(COLS) <= 65_535,
-        || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {MAX_DK}), dv {dv}, rows {rows}"),
+            && cfg.grid_dim.1 <= 65_535,
+        || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {max_dk}), dv {dv}, rows {rows}"),
     )?;
     let width = 2 * kh * dk + vh * dv;
     let gate_lens: Vec<usize> = gate_args.iter().map(|g| g.len()).collect();
@@ -232,20 +319,16 @@ pub fn gdn_recurrence(
     let f = gpu.function("gdn.cu", name)?;
     let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (vh as u32, dv.div_ceil(COLS) as u32, 1),
-        block_dim: (dk.next_multiple_of(32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out).arg(&mut *state).arg(qkv);
     for g in &gate_args {
         b.arg(*g);
     }
     b.arg(&r32).arg(&kh32).arg(&vh32).arg(&dk32).arg(&dv32);
-    // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h,
-    // columns [32c, 32c+32) ∩ [0, dv), and o's columns of the same; blockDim is 32*ceil(dk/32) ≤
-    // GDN_MAX_THREADS, so the kernel's shared arrays cover dk.
+    // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h and
+    // its own columns (Block: [32c, 32c+32); WarpColumns: 8 a warp from 32c) ∩ [0, dv), and o's
+    // columns of the same; dk is at most the layout's bound, which the kernel's shared arrays
+    // and registers cover (Block: blockDim 32*ceil(dk/32) ≤ GDN_MAX_THREADS).
     launched(name, unsafe { b.launch(cfg) })?;
     Ok(out)
 }

@@ -354,6 +354,28 @@ pub fn linear_tiled(
     Ok(y)
 }
 
+/// The tensor-core tile of [`linear_mma_with`]: tokens x outputs a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaTile {
+    /// 64 x 64, 4 warps (`linear_mma64_bf16`; the `mma` variant).
+    T64,
+    /// 128 x 64, 8 warps (`linear_mma128_bf16`; the `mma128` variant): each staged weight tile
+    /// serves twice the tokens.
+    T128,
+}
+
+impl MmaTile {
+    pub const ALL: [MmaTile; 2] = [MmaTile::T64, MmaTile::T128];
+
+    /// Kernel, tokens and outputs a block, threads.
+    fn geometry(self) -> (&'static str, usize, usize, u32) {
+        match self {
+            MmaTile::T64 => ("linear_mma64_bf16", 64, 64, 128),
+            MmaTile::T128 => ("linear_mma128_bf16", 128, 64, 256),
+        }
+    }
+}
+
 /// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
 /// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs. f32 weights, `k`
 /// not a multiple of 8 or unaligned buffers: [`linear_tiled`].
@@ -365,6 +387,19 @@ pub fn linear_mma(
     k: usize,
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
+    linear_mma_with(gpu, x, w, tokens, k, n, MmaTile::T64)
+}
+
+/// [`linear_mma`] in the given tile.
+pub fn linear_mma_with(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &DeviceMatrix,
+    tokens: usize,
+    k: usize,
+    n: usize,
+    tile: MmaTile,
+) -> Result<Buf<f32>, CudaError> {
     use cudarc::driver::DevicePtr as _;
     let DeviceMatrix::Bf16(bits) = w else {
         return linear_tiled(gpu, x, w, tokens, k, n);
@@ -373,7 +408,7 @@ pub fn linear_mma(
     if !k.is_multiple_of(8) || !aligned {
         return linear_tiled(gpu, x, w, tokens, k, n);
     }
-    let (kernel, bm, bn, threads) = ("linear_mma64_bf16", 64, 64, 128);
+    let (kernel, bm, bn, threads) = tile.geometry();
     check_xw(kernel, x, w, tokens, k, n, tokens > 0 && n > 0 && k > 0)?;
     shape(
         kernel,
