@@ -188,139 +188,189 @@ __device__ __forceinline__ void gdn_recurrence(float* out, float* state, const f
 // Where a token's gates come from: given (gdn_gates_reference_f32's beta and g), or formed from
 // b and a (`Op::GdnGatedRecurrence`: the gate kernel's launch is gone) with
 // gdn_gates_reference_f32's expressions (compiled into another kernel they may round
-// differently: tests/gpu_gdn.rs holds both to the CPU reference).
+// differently: tests/gpu_gdn.rs holds both to the CPU reference). Each reads two values a
+// (token, head), `first` and `second` ([rows, Vh]), and `form`s the gates from them.
 struct GdnGivenGates {
-    const float *beta, *g;
+    const float *first, *second;  // beta, g
     int value_heads;
+    __device__ __forceinline__ void form(int h, float x0, float x1, float& b, float& gt) const {
+        b = x0;
+        gt = x1;
+    }
     __device__ __forceinline__ void operator()(int t, int h, float& b, float& gt) const {
-        b = beta[(long)t * value_heads + h];
-        gt = g[(long)t * value_heads + h];
+        const long i = (long)t * value_heads + h;
+        form(h, first[i], second[i], b, gt);
     }
 };
 
 struct GdnRawGates {
-    const float *b_in, *a_in, *a_log, *dt_bias;
+    const float *first, *second;  // b, a
+    const float *a_log, *dt_bias;
     int value_heads;
+    __device__ __forceinline__ void form(int h, float x0, float x1, float& b, float& gt) const {
+        b = sigmoid_f32(x0);
+        gt = -expf(a_log[h]) * softplus_f32(x1 + dt_bias[h]);
+    }
     __device__ __forceinline__ void operator()(int t, int h, float& b, float& gt) const {
         const long i = (long)t * value_heads + h;
-        b = sigmoid_f32(b_in[i]);
-        gt = -expf(a_log[h]) * softplus_f32(a_in[i] + dt_bias[h]);
+        form(h, first[i], second[i], b, gt);
     }
 };
 
 // ---------------------------------------------------------------------------------------------
-// The same recurrence with a warp per 8 columns of a head's state (`_warp`, dk ≤ GDNW_MAX_DK):
-// no block barrier a token. Lane l holds column j0 + l % 8 of rows l / 8 + 4i (i < dk / 4), so
-// a warp's state loads read 32 contiguous bytes of 4 rows at a time; q and k of the token are
-// normalised by the whole warp and staged in the warp's shared slice, (Sᵀk)_j and (Sᵀq)_j are a
-// lane's sum over its rows and then over the 4 lanes of its column (two shuffles).
+// The same recurrence with a warp per 8 columns of a head's state (`_warp`, dk ≤ GDNW_MAX_DK),
+// the tokens' inputs staged in shared memory a chunk of GDNW_T tokens at a time. A many-token
+// scan is a chain of tokens; what lies on the chain is only the state's own arithmetic:
+//   - the block copies chunk c + 1's q, k, its v columns and gate inputs into `raw` (cp.async)
+//     while its warps run chunk c, then normalises q and k (a warp a token), forms the gates and
+//     copies v into the chunk buffers: two block barriers a chunk, none a token;
+//   - lane l holds column j0 + l % 8 of the 32 contiguous rows 32·(l / 8) .. of its warp's 8
+//     columns, reads q and k as float4 from rows padded by 4 floats every 32 (the 4 row groups
+//     land in different banks), and sums (Sᵀk)_j and (Sᵀq)_j over its rows in 4 independent
+//     partial sums, then over the 4 lanes of its column (two shuffles).
+// Rows ≥ dk hold zeros in the state and in the staged q and k, so they add nothing.
 #define GDNW_COLS 8
 #define GDNW_ROWS 32
 #define GDNW_MAX_DK (4 * GDNW_ROWS)
 #define GDNW_WARPS 4
-// Chunks of q and k a lane normalises: channels lane + 32m.
-#define GDNW_QK (GDNW_MAX_DK / 32)
+#define GDNW_T 16
+// A staged q or k row: GDNW_MAX_DK floats, 4 floats of padding after each 32.
+#define GDNW_STRIDE (GDNW_MAX_DK + 4 * (GDNW_MAX_DK / GDNW_ROWS - 1))
+#define GDNW_PAD(r) ((r) + ((r) / GDNW_ROWS) * 4)
 
 template <typename Gates>
 __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, const float* qkv, Gates gates, int rows,
                                                     int key_heads, int value_heads, int dk, int dv) {
-    __shared__ float qk[GDNW_WARPS][2][GDNW_MAX_DK];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int BCOLS = GDNW_WARPS * GDNW_COLS;
+    // Chunk c + 1 as it arrives.
+    __shared__ float raw_qk[GDNW_T][2 * GDNW_MAX_DK];
+    __shared__ float raw_v[GDNW_T][BCOLS];
+    __shared__ float raw_g[GDNW_T][2];
+    // Chunk c as the warps read it.
+    __shared__ __align__(16) float qn[GDNW_T][GDNW_STRIDE];
+    __shared__ __align__(16) float kn[GDNW_T][GDNW_STRIDE];
+    __shared__ float vs[GDNW_T][BCOLS];
+    __shared__ float beta_s[GDNW_T], decay_s[GDNW_T];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.x;
     const int kh = h / (value_heads / key_heads);
-    const int j0 = (blockIdx.y * GDNW_WARPS + warp) * GDNW_COLS;
-    if (j0 >= dv) return;  // the whole warp: nothing below synchronises more than a warp
-    const int j = j0 + (lane & (GDNW_COLS - 1)), r0 = lane / GDNW_COLS;
+    const int jb = blockIdx.y * BCOLS;            // the block's first column
+    const int jl = warp * GDNW_COLS + (lane & (GDNW_COLS - 1));  // the lane's column in the block
+    const int j = jb + jl, r0 = (lane / GDNW_COLS) * GDNW_ROWS;
     const bool col = j < dv;
+    const int bcols = min(BCOLS, dv - jb);
     const long key_dim = (long)key_heads * dk;
     const long width = 2 * key_dim + (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     float* S = state + (long)h * dk * dv;
-    float* qs = qk[warp][0];
-    float* ks = qk[warp][1];
 
     float s[GDNW_ROWS];
 #pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        const int r = r0 + 4 * i;
-        s[i] = (col && r < dk) ? S[(long)r * dv + j] : 0.0f;
-    }
+    for (int i = 0; i < GDNW_ROWS; i++) s[i] = (col && r0 + i < dk) ? S[(long)(r0 + i) * dv + j] : 0.0f;
 
-    // Token t's inputs, loaded a token ahead (as gdn_recurrence).
-    const auto load = [&](int t, float* qv, float* kv, float& vv, float& b, float& gt) {
-        const float* row = qkv + (long)t * width;
-#pragma unroll
-        for (int m = 0; m < GDNW_QK; m++) {
-            const int c = lane + 32 * m;
-            qv[m] = c < dk ? row[kh * dk + c] : 0.0f;
-            kv[m] = c < dk ? row[key_dim + kh * dk + c] : 0.0f;
+    // Chunk [t0, t0 + n) into raw_*: q and k of key head kh, the block's v columns, the gate
+    // inputs of head h.
+    const auto fetch = [&](int t0, int n) {
+        for (int e = tid; e < n * 2 * dk; e += blockDim.x) {
+            const int tok = e / (2 * dk), c = e - tok * 2 * dk;
+            const float* row = qkv + (long)(t0 + tok) * width;
+            cp_async4(&raw_qk[tok][c], row + (c < dk ? kh * dk + c : key_dim + kh * dk + (c - dk)));
         }
-        vv = col ? row[2 * key_dim + (long)h * dv + j] : 0.0f;
-        gates(t, h, b, gt);
+        for (int e = tid; e < n * bcols; e += blockDim.x) {
+            const int tok = e / bcols, c = e - tok * bcols;
+            cp_async4(&raw_v[tok][c], qkv + (long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + jb + c);
+        }
+        for (int e = tid; e < 2 * n; e += blockDim.x) {
+            const long i = (long)(t0 + e / 2) * value_heads + h;
+            cp_async4(&raw_g[e / 2][e & 1], (e & 1) ? gates.second + i : gates.first + i);
+        }
+        cp_async_commit();
     };
-    float qv_next[GDNW_QK], kv_next[GDNW_QK], vv_next = 0.0f, b_next = 0.0f, gt_next = 0.0f;
-    if (rows > 0) load(0, qv_next, kv_next, vv_next, b_next, gt_next);
-    for (int t = 0; t < rows; t++) {
-        float qv[GDNW_QK], kv[GDNW_QK];
+
+    if (rows > 0) fetch(0, min(GDNW_T, rows));
+    for (int t0 = 0; t0 < rows; t0 += GDNW_T) {
+        const int n = min(GDNW_T, rows - t0);
+        // Chunk c has landed, and every warp is past chunk c - 1 (its reads of qn, kn, vs, gates).
+        cp_async_wait_all();
+        __syncthreads();
+        for (int tok = warp; tok < n; tok += GDNW_WARPS) {
+            float qv[GDNW_MAX_DK / 32], kv[GDNW_MAX_DK / 32], sq = 0.0f, sk = 0.0f;
 #pragma unroll
-        for (int m = 0; m < GDNW_QK; m++) {
-            qv[m] = qv_next[m];
-            kv[m] = kv_next[m];
-        }
-        const float vv = vv_next, b = b_next, gt = gt_next;
-        if (t + 1 < rows) load(t + 1, qv_next, kv_next, vv_next, b_next, gt_next);
-        // 1. q and k normalised (sums of squares over the warp), staged for the lanes' rows.
-        float sq = 0.0f, sk = 0.0f;
+            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
+                const int c = lane + 32 * m;
+                qv[m] = c < dk ? raw_qk[tok][c] : 0.0f;
+                kv[m] = c < dk ? raw_qk[tok][dk + c] : 0.0f;
+                sq += qv[m] * qv[m];
+                sk += kv[m] * kv[m];
+            }
+            const float inv_q = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), inv_k = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
 #pragma unroll
-        for (int m = 0; m < GDNW_QK; m++) {
-            sq += qv[m] * qv[m];
-            sk += kv[m] * kv[m];
-        }
-        const float inv_q = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), inv_k = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
-        __syncwarp();  // the previous token's reads of qs and ks are done
-#pragma unroll
-        for (int m = 0; m < GDNW_QK; m++) {
-            const int c = lane + 32 * m;
-            if (c < dk) {
-                qs[c] = qv[m] * inv_q * scale;
-                ks[c] = kv[m] * inv_k;
+            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
+                const int c = lane + 32 * m;
+                qn[tok][GDNW_PAD(c)] = qv[m] * inv_q * scale;
+                kn[tok][GDNW_PAD(c)] = kv[m] * inv_k;
             }
         }
-        __syncwarp();
-        // 2. Decay and (Sᵀk)_j.
-        const float decay = expf(gt);
-        float p = 0.0f;
+        for (int e = tid; e < n * BCOLS; e += blockDim.x) {
+            const int tok = e / BCOLS, c = e - tok * BCOLS;
+            vs[tok][c] = c < bcols ? raw_v[tok][c] : 0.0f;
+        }
+        if (tid < n) {
+            float b, gt;
+            gates.form(h, raw_g[tid][0], raw_g[tid][1], b, gt);
+            beta_s[tid] = b;
+            decay_s[tid] = expf(gt);
+        }
+        __syncthreads();
+        // raw_* are free: the next chunk's copies run under this chunk's tokens.
+        if (t0 + GDNW_T < rows) fetch(t0 + GDNW_T, min(GDNW_T, rows - t0 - GDNW_T));
+        if (jb + warp * GDNW_COLS < dv) {
+            for (int tok = 0; tok < n; tok++) {
+                const float4* k4 = (const float4*)&kn[tok][GDNW_PAD(r0)];
+                const float4* q4 = (const float4*)&qn[tok][GDNW_PAD(r0)];
+                const float decay = decay_s[tok];
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < GDNW_ROWS; i++) {
-            const int r = r0 + 4 * i;
-            if (r < dk) {
-                s[i] *= decay;
-                p += s[i] * ks[r];
+                for (int m = 0; m < GDNW_ROWS / 4; m++) {
+                    const float4 k = k4[m];
+                    s[4 * m] *= decay;
+                    s[4 * m + 1] *= decay;
+                    s[4 * m + 2] *= decay;
+                    s[4 * m + 3] *= decay;
+                    p[0] += s[4 * m] * k.x;
+                    p[1] += s[4 * m + 1] * k.y;
+                    p[2] += s[4 * m + 2] * k.z;
+                    p[3] += s[4 * m + 3] * k.w;
+                }
+                float sk = (p[0] + p[1]) + (p[2] + p[3]);
+                sk += __shfl_xor_sync(0xffffffffu, sk, 8);
+                sk += __shfl_xor_sync(0xffffffffu, sk, 16);
+                const float u = col ? (vs[tok][jl] - sk) * beta_s[tok] : 0.0f;
+                float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int m = 0; m < GDNW_ROWS / 4; m++) {
+                    const float4 k = k4[m], q = q4[m];
+                    s[4 * m] += k.x * u;
+                    s[4 * m + 1] += k.y * u;
+                    s[4 * m + 2] += k.z * u;
+                    s[4 * m + 3] += k.w * u;
+                    o[0] += s[4 * m] * q.x;
+                    o[1] += s[4 * m + 1] * q.y;
+                    o[2] += s[4 * m + 2] * q.z;
+                    o[3] += s[4 * m + 3] * q.w;
+                }
+                float ov = (o[0] + o[1]) + (o[2] + o[3]);
+                ov += __shfl_xor_sync(0xffffffffu, ov, 8);
+                ov += __shfl_xor_sync(0xffffffffu, ov, 16);
+                if (r0 == 0 && col) out[(long)(t0 + tok) * value_heads * dv + (long)h * dv + j] = ov;
             }
         }
-        p += __shfl_xor_sync(0xffffffffu, p, 8);
-        p += __shfl_xor_sync(0xffffffffu, p, 16);
-        // 3. u_j, the rank-1 update and o_j = (Sᵀq)_j.
-        const float u = col ? (vv - p) * b : 0.0f;
-        float o = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GDNW_ROWS; i++) {
-            const int r = r0 + 4 * i;
-            if (r < dk) {
-                s[i] += ks[r] * u;
-                o += s[i] * qs[r];
-            }
-        }
-        o += __shfl_xor_sync(0xffffffffu, o, 8);
-        o += __shfl_xor_sync(0xffffffffu, o, 16);
-        if (r0 == 0 && col) out[(long)t * value_heads * dv + (long)h * dv + j] = o;
     }
 
 #pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        const int r = r0 + 4 * i;
-        if (col && r < dk) S[(long)r * dv + j] = s[i];
-    }
+    for (int i = 0; i < GDNW_ROWS; i++)
+        if (col && r0 + i < dk) S[(long)(r0 + i) * dv + j] = s[i];
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
