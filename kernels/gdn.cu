@@ -224,19 +224,32 @@ struct GdnRawGates {
 //   - the block copies chunk c + 1's q, k, its v columns and gate inputs into `raw` (cp.async)
 //     while its warps run chunk c, then normalises q and k (a warp a token), forms the gates and
 //     copies v into the chunk buffers: two block barriers a chunk, none a token;
-//   - lane l holds column j0 + l % 8 of the 32 contiguous rows 32·(l / 8) .. of its warp's 8
-//     columns, reads q and k as float4 from rows padded by 4 floats every 32 (the 4 row groups
-//     land in different banks), and sums (Sᵀk)_j and (Sᵀq)_j over its rows in 4 independent
-//     partial sums, then over the 4 lanes of its column (two shuffles).
-// Rows ≥ dk hold zeros in the state and in the staged q and k, so they add nothing.
+//   - lane l holds 2 columns (pair l / 8 of the warp's 8) of 16 contiguous rows (group l % 8),
+//     so that a token costs a lane 4 float4 reads of k and 4 of q (rows padded by 4 floats every
+//     16: a quarter warp's 8 row groups land in different banks) instead of 64 scalar reads;
+//     (Sᵀk)_j and (Sᵀq)_j are summed over the lane's rows in two partial sums a column, then
+//     over the 8 lanes of the column pair by a reduce-scatter (lane bit 2 keeps one column of
+//     the pair: one shuffle, then two): 3 shuffles, and one more to share u within the pair.
+// Rows ≥ dk hold zeros in the state and in the staged q and k, so they add nothing; columns
+// ≥ dv get u = 0 and are never stored.
 #define GDNW_COLS 8
-#define GDNW_ROWS 32
-#define GDNW_MAX_DK (4 * GDNW_ROWS)
+#define GDNW_ROWS 16
+#define GDNW_GROUPS 8
+#define GDNW_MAX_DK (GDNW_GROUPS * GDNW_ROWS)
 #define GDNW_WARPS 4
 #define GDNW_T 16
-// A staged q or k row: GDNW_MAX_DK floats, 4 floats of padding after each 32.
-#define GDNW_STRIDE (GDNW_MAX_DK + 4 * (GDNW_MAX_DK / GDNW_ROWS - 1))
+// A staged q or k row: GDNW_MAX_DK floats, 4 floats of padding after each group of 16.
 #define GDNW_PAD(r) ((r) + ((r) / GDNW_ROWS) * 4)
+#define GDNW_STRIDE GDNW_PAD(GDNW_MAX_DK)
+
+// The sum over the 8 row groups (lane bits 0-2) of column a (lanes with bit 2 clear) or b (set).
+__device__ __forceinline__ float gdnw_reduce_pair(float a, float b, bool high) {
+    float keep = high ? b : a;
+    keep += __shfl_xor_sync(0xffffffffu, high ? a : b, 4);
+    keep += __shfl_xor_sync(0xffffffffu, keep, 2);
+    keep += __shfl_xor_sync(0xffffffffu, keep, 1);
+    return keep;
+}
 
 template <typename Gates>
 __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, const float* qkv, Gates gates, int rows,
@@ -255,19 +268,25 @@ __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.x;
     const int kh = h / (value_heads / key_heads);
-    const int jb = blockIdx.y * BCOLS;            // the block's first column
-    const int jl = warp * GDNW_COLS + (lane & (GDNW_COLS - 1));  // the lane's column in the block
-    const int j = jb + jl, r0 = (lane / GDNW_COLS) * GDNW_ROWS;
-    const bool col = j < dv;
+    const int jb = blockIdx.y * BCOLS;  // the block's first column
+    const int group = lane % GDNW_GROUPS, r0 = group * GDNW_ROWS;
+    const bool high = (lane & 4) != 0;  // which column of the pair this lane reduces and stores
+    const int jl = warp * GDNW_COLS + (lane / GDNW_GROUPS) * 2;  // the pair's first column in the block
+    const int j = jb + jl;
+    const bool col0 = j < dv, col1 = j + 1 < dv, mine = high ? col1 : col0;
     const int bcols = min(BCOLS, dv - jb);
     const long key_dim = (long)key_heads * dk;
     const long width = 2 * key_dim + (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     float* S = state + (long)h * dk * dv;
 
-    float s[GDNW_ROWS];
+    float s0[GDNW_ROWS], s1[GDNW_ROWS];
 #pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) s[i] = (col && r0 + i < dk) ? S[(long)(r0 + i) * dv + j] : 0.0f;
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        const bool row = r0 + i < dk;
+        s0[i] = (row && col0) ? S[(long)(r0 + i) * dv + j] : 0.0f;
+        s1[i] = (row && col1) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+    }
 
     // Chunk [t0, t0 + n) into raw_*: q and k of key head kh, the block's v columns, the gate
     // inputs of head h.
@@ -329,48 +348,62 @@ __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, co
             for (int tok = 0; tok < n; tok++) {
                 const float4* k4 = (const float4*)&kn[tok][GDNW_PAD(r0)];
                 const float4* q4 = (const float4*)&qn[tok][GDNW_PAD(r0)];
+                float k[GDNW_ROWS];
+#pragma unroll
+                for (int m = 0; m < GDNW_ROWS / 4; m++) {
+                    const float4 v = k4[m];
+                    k[4 * m] = v.x;
+                    k[4 * m + 1] = v.y;
+                    k[4 * m + 2] = v.z;
+                    k[4 * m + 3] = v.w;
+                }
                 const float decay = decay_s[tok];
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                // 1. Decay, and (Sᵀk) for both columns.
+                float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < GDNW_ROWS; i++) {
+                    s0[i] *= decay;
+                    s1[i] *= decay;
+                    pa[i & 1] += s0[i] * k[i];
+                    pb[i & 1] += s1[i] * k[i];
+                }
+                const float sk = gdnw_reduce_pair(pa[0] + pa[1], pb[0] + pb[1], high);
+                // 2. u for this lane's column, then both of the pair.
+                const float u_mine = mine ? (vs[tok][jl + (high ? 1 : 0)] - sk) * beta_s[tok] : 0.0f;
+                const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, 4);
+                const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
+                // 3. The rank-1 update and (Sᵀq) for both columns.
+                float q[GDNW_ROWS];
 #pragma unroll
                 for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                    const float4 k = k4[m];
-                    s[4 * m] *= decay;
-                    s[4 * m + 1] *= decay;
-                    s[4 * m + 2] *= decay;
-                    s[4 * m + 3] *= decay;
-                    p[0] += s[4 * m] * k.x;
-                    p[1] += s[4 * m + 1] * k.y;
-                    p[2] += s[4 * m + 2] * k.z;
-                    p[3] += s[4 * m + 3] * k.w;
+                    const float4 v = q4[m];
+                    q[4 * m] = v.x;
+                    q[4 * m + 1] = v.y;
+                    q[4 * m + 2] = v.z;
+                    q[4 * m + 3] = v.w;
                 }
-                float sk = (p[0] + p[1]) + (p[2] + p[3]);
-                sk += __shfl_xor_sync(0xffffffffu, sk, 8);
-                sk += __shfl_xor_sync(0xffffffffu, sk, 16);
-                const float u = col ? (vs[tok][jl] - sk) * beta_s[tok] : 0.0f;
-                float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
 #pragma unroll
-                for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                    const float4 k = k4[m], q = q4[m];
-                    s[4 * m] += k.x * u;
-                    s[4 * m + 1] += k.y * u;
-                    s[4 * m + 2] += k.z * u;
-                    s[4 * m + 3] += k.w * u;
-                    o[0] += s[4 * m] * q.x;
-                    o[1] += s[4 * m + 1] * q.y;
-                    o[2] += s[4 * m + 2] * q.z;
-                    o[3] += s[4 * m + 3] * q.w;
+                for (int i = 0; i < GDNW_ROWS; i++) {
+                    s0[i] += k[i] * u0;
+                    s1[i] += k[i] * u1;
+                    oa[i & 1] += s0[i] * q[i];
+                    ob[i & 1] += s1[i] * q[i];
                 }
-                float ov = (o[0] + o[1]) + (o[2] + o[3]);
-                ov += __shfl_xor_sync(0xffffffffu, ov, 8);
-                ov += __shfl_xor_sync(0xffffffffu, ov, 16);
-                if (r0 == 0 && col) out[(long)(t0 + tok) * value_heads * dv + (long)h * dv + j] = ov;
+                const float o = gdnw_reduce_pair(oa[0] + oa[1], ob[0] + ob[1], high);
+                if ((lane & 3) == 0 && mine)
+                    out[(long)(t0 + tok) * value_heads * dv + (long)h * dv + j + (high ? 1 : 0)] = o;
             }
         }
     }
 
 #pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++)
-        if (col && r0 + i < dk) S[(long)(r0 + i) * dv + j] = s[i];
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        if (r0 + i < dk) {
+            if (col0) S[(long)(r0 + i) * dv + j] = s0[i];
+            if (col1) S[(long)(r0 + i) * dv + j + 1] = s1[i];
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)

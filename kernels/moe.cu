@@ -73,20 +73,6 @@ __device__ __forceinline__ int router_rank_id(unsigned long long rank) {
     return (int)(~(unsigned int)(rank & 0xffffffffull));
 }
 
-// A signed int whose order is the float order (for non-NaN values) and back.
-__device__ __forceinline__ int float_order_key(float f) {
-    const int b = __float_as_int(f);
-    return b ^ ((b >> 31) & 0x7fffffff);
-}
-__device__ __forceinline__ float float_from_order_key(int k) { return __int_as_float(k ^ ((k >> 31) & 0x7fffffff)); }
-
-// Max of a 64-bit value over the warp (every lane calls it; every lane gets the result).
-__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
-    const unsigned int hi = __reduce_max_sync(MOE_FULL_MASK, (unsigned int)(v >> 32));
-    const unsigned int lo = __reduce_max_sync(MOE_FULL_MASK, (unsigned int)(v >> 32) == hi ? (unsigned int)v : 0u);
-    return (((unsigned long long)hi) << 32) | (unsigned long long)lo;
-}
-
 // Barrier `id` (1..15) among `threads` threads (a multiple of 32) of the block.
 __device__ __forceinline__ void moe_named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -2,7 +2,7 @@
 # compute-sanitizer over graphrun's kernels, on the GPU machine: memcheck (out-of-bounds and
 # misaligned accesses, in global and shared memory) and racecheck (shared-memory races) on the
 # tiny model shipped in models/ (prefill and decode, CUDA graphs on, then eager with a sync after
-# every node), and memcheck on one layer at the real geometry.
+# every node; a short prompt and one of 40 tokens), and memcheck on one layer at the real geometry.
 #
 #   here:            cargo build --release && mkdir -p gpu-bin && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_sanitize.sh     # through the `device` tool, carry: ["gpu-bin"]
@@ -12,6 +12,9 @@
 source "$(dirname "$0")/gpu_env.sh"
 SANITIZER=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 tiny=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda)
+# A prompt of 40 ids: the GDN scan stages several chunks of 16 tokens (kernels/gdn.cu).
+ids=$(seq -s, 1 40)
+long=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt-ids "$ids" --max-new-tokens 2 --device cuda)
 real=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 2)
 check() {
     local tool=$1
@@ -28,6 +31,8 @@ check() {
     check memcheck "${tiny[@]}"
     check memcheck "${tiny[@]}" --sync-each-node
     check racecheck "${tiny[@]}" --sync-each-node
+    check racecheck "${long[@]}" --sync-each-node
+    check memcheck "${long[@]}"
     check memcheck "${real[@]}"
 } >"$out/sanitize.log" 2>&1
 rm -f "$out/sanitize_run.txt"

@@ -864,6 +864,13 @@ fn library_bad_token_leaves_session_unchanged_and_usable() {
         "state changed by a refused decode"
     );
 
+    let err = session.greedy(&[3, 256]).unwrap_err().to_string();
+    assert_contains(&err, &["token id 256 at position 1"]);
+    assert!(
+        session.state() == &before,
+        "state changed by a refused greedy step"
+    );
+
     let err = session
         .prefill(&[], LogitsMode::All)
         .unwrap_err()

@@ -529,3 +529,55 @@ fn shape_errors_name_the_kernel() {
     let err = launch::linear_rows(&gpu, &x8, &w, 2, 10, 3).expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows_f32"), "{err}");
 }
+
+/// The greedy choice on the device is `sampling::argmax`'s, ties, NaN and infinities included,
+/// on random rows of the real vocabulary and on edge rows.
+#[test]
+fn device_argmax_is_the_samplers_choice() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use graphrun::exec::cuda::launch::sampling::{argmax_index, argmax_row};
+    use graphrun::runtime::sampling::argmax;
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    let mut rows: Vec<(String, Vec<f32>)> = vec![
+        ("one value".into(), vec![0.5]),
+        ("ties: the first wins".into(), vec![1.0, 3.0, 3.0, 2.0, 3.0]),
+        ("NaN at 0 sticks".into(), vec![nan, 5.0, 7.0]),
+        ("NaN elsewhere never wins".into(), vec![1.0, nan, 0.5, nan]),
+        ("all -inf".into(), vec![-inf; 1000]),
+        ("+inf".into(), vec![1.0, inf, 2.0, inf]),
+        ("-0 and +0 tie".into(), vec![-0.0, 0.0, -1.0]),
+    ];
+    for n in [1usize << 12, 248_320] {
+        let mut x = random(&mut rng, n);
+        rows.push((format!("random n={n}"), x.clone()));
+        // The largest value repeated far apart: the lowest index must win across blocks.
+        let m = x.iter().cloned().fold(f32::MIN, f32::max) + 1.0;
+        x[n - 3] = m;
+        x[n / 2 + 7] = m;
+        x[n / 3] = m;
+        rows.push((format!("a tie across blocks n={n}"), x));
+    }
+    let mut key = gpu.upload(&[7u64], "key").unwrap();
+    for (name, x) in &rows {
+        let dx = gpu.upload(x, "x").unwrap();
+        argmax_row(&gpu, &mut key, &dx.slice(..)).unwrap();
+        let got = argmax_index(gpu.download(&key, "key").unwrap()[0]);
+        assert_eq!(got, argmax(x), "{name}");
+        println!("argmax_row_f32 {name:<28} -> {got}");
+    }
+    // A slice of a longer buffer (the last row of several): only the slice counts.
+    let (a, b) = (random(&mut rng, 300), random(&mut rng, 300));
+    let both: Vec<f32> = a.iter().chain(&b).cloned().collect();
+    let d = gpu.upload(&both, "rows").unwrap();
+    argmax_row(&gpu, &mut key, &d.slice(300..)).unwrap();
+    assert_eq!(
+        argmax_index(gpu.download(&key, "key").unwrap()[0]),
+        argmax(&b)
+    );
+    // Bad shapes are errors naming the kernel.
+    let empty = gpu.upload(&[1.0f32], "x").unwrap();
+    let err = argmax_row(&gpu, &mut key, &empty.slice(0..0)).expect_err("an empty row");
+    assert!(err.to_string().contains("argmax_row_f32"), "{err}");
+}

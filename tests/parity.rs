@@ -88,3 +88,24 @@ fn chunked_prefill_and_decode_equal_full_prefill() {
         );
     }
 }
+
+/// `Session::greedy` (the step that returns only the chosen id: on a GPU it is chosen on the
+/// device) picks what `sampling::argmax` picks from the same step's logits, and advances the
+/// session the same way.
+#[test]
+fn greedy_step_is_argmax_of_the_logits() {
+    for dir in common::fixture_dirs() {
+        let exp = common::expected(&dir);
+        let model = Model::load(&dir, ModelOptions::default()).unwrap();
+        let (mut a, mut b) = (model.session(), model.session());
+        let mut next = a.greedy(&exp.prompt).unwrap();
+        let logits = b.prefill(&exp.prompt, LogitsMode::Last).unwrap();
+        assert_eq!(next, graphrun::runtime::sampling::argmax(logits.last()));
+        for _ in 0..3 {
+            let logits = b.decode(next).unwrap();
+            next = a.greedy(&[next]).unwrap();
+            assert_eq!(next, graphrun::runtime::sampling::argmax(&logits));
+            assert_eq!(a.position(), b.position());
+        }
+    }
+}

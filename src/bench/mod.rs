@@ -48,6 +48,9 @@ pub struct DecodeRow {
     /// Each segment's graph timed with device events over the replayed steps (ms per step).
     pub ms_per_segment: Vec<f64>,
     pub ms_per_token_eager: f64,
+    /// Graphs replayed as for `ms_per_token_graphs`, each token chosen greedily on the device
+    /// (`Session::greedy`: 8 bytes downloaded instead of the logits).
+    pub ms_per_token_greedy: f64,
     /// The host side of replayed steps, µs a token (a pass of its own).
     pub host_us_per_token: HostRow,
     pub bytes_per_token: u64,
@@ -511,21 +514,32 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
-        let timed = |s: &mut crate::runtime::Session, graphs: bool| -> Result<f64> {
-            s.set_cuda_graphs(graphs);
-            for i in 0..3 {
-                s.decode(token(i, vocab))?;
-            }
-            let t = Instant::now();
-            for i in 0..opts.decode_steps {
-                s.decode(token(i + 5, vocab))?;
-            }
-            Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
-        };
+        let timed_with =
+            |s: &mut crate::runtime::Session, graphs: bool, greedy: bool| -> Result<f64> {
+                s.set_cuda_graphs(graphs);
+                let step = |s: &mut crate::runtime::Session, id: u32| -> Result<()> {
+                    if greedy {
+                        s.greedy(&[id])?;
+                    } else {
+                        s.decode(id)?;
+                    }
+                    Ok(())
+                };
+                for i in 0..3 {
+                    step(s, token(i, vocab))?;
+                }
+                let t = Instant::now();
+                for i in 0..opts.decode_steps {
+                    step(s, token(i + 5, vocab))?;
+                }
+                Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
+            };
+        let timed = |s: &mut crate::runtime::Session, graphs: bool| timed_with(s, graphs, false);
         s.set_programmatic_launch(false);
         let ms_graphs_serial = timed(&mut s, true)?;
         s.set_programmatic_launch(true);
         let ms_graphs = timed(&mut s, true)?;
+        let ms_greedy = timed_with(&mut s, true, true)?;
         s.cuda_segment_times(true);
         for i in 0..opts.decode_steps.min(16) {
             s.decode(token(i + 30, vocab))?;
@@ -571,6 +585,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             ms_per_token_graphs_serial: ms_graphs_serial,
             ms_per_segment,
             ms_per_token_eager: ms_eager,
+            ms_per_token_greedy: ms_greedy,
             host_us_per_token,
             bytes_per_token: bytes,
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
@@ -656,6 +671,13 @@ impl std::fmt::Display for BenchReport {
                 r.bytes_per_token as f64 / 1e6,
                 r.fraction_of_copy_bandwidth,
                 segs.join(", ")
+            )?;
+        }
+        for r in &self.decode {
+            writeln!(
+                f,
+                "  greedy decode at {} (the id chosen on the device, 8 bytes downloaded): {:.3} ms/tok",
+                r.context, r.ms_per_token_greedy
             )?;
         }
         for r in &self.decode {

@@ -9,7 +9,19 @@ use crate::exec::{cpu, SessionState};
 use crate::ir::{LogitsMode, Phase};
 
 use super::model::{Backend, Model};
-use super::sampling::{Sampler, Sampling};
+use super::sampling::{argmax, Sampler, Sampling};
+
+/// What a step brings back: its logits, or only the greedy choice (found on the device).
+#[derive(Clone, Copy)]
+enum StepOut {
+    Logits,
+    Greedy,
+}
+
+enum StepData {
+    Logits(Vec<f32>),
+    Greedy(u32),
+}
 
 /// Logits `[rows, vocab]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,6 +183,30 @@ impl<'m> Session<'m> {
 
     /// Appends `ids` and returns their logits (all rows, or only the last).
     pub fn prefill(&mut self, ids: &[u32], logits: LogitsMode) -> Result<Logits> {
+        let (data, rows) = self.step(ids, logits, StepOut::Logits)?;
+        Ok(Logits {
+            rows,
+            vocab: self.model.plan.vocab_size,
+            data: match data {
+                StepData::Logits(d) => d,
+                StepData::Greedy(_) => unreachable!("asked for logits"),
+            },
+        })
+    }
+
+    /// Appends `ids` and returns the greedy choice of the next token: the first index of the
+    /// largest logit of the last row (`sampling::argmax`). On a GPU it is found on the device,
+    /// and only the id is downloaded.
+    pub fn greedy(&mut self, ids: &[u32]) -> Result<u32> {
+        match self.step(ids, LogitsMode::Last, StepOut::Greedy)?.0 {
+            StepData::Greedy(id) => Ok(id),
+            StepData::Logits(d) => Ok(argmax(&d[d.len() - self.model.plan.vocab_size..])),
+        }
+    }
+
+    /// One step over `ids`: its logits, or (on a GPU, when asked) the greedy id; and the rows of
+    /// logits the program made.
+    fn step(&mut self, ids: &[u32], logits: LogitsMode, out: StepOut) -> Result<(StepData, usize)> {
         self.check_tokens(ids)?;
         let phase = if ids.len() == 1 {
             Phase::Decode
@@ -180,7 +216,7 @@ impl<'m> Session<'m> {
         let program = self.model.program(phase, ids.len(), logits)?;
         let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         // Everything a caller can get wrong was checked above; the state changes only from here.
-        let (data, rows) = match (&self.model.backend, &mut self.device_state) {
+        Ok(match (&self.model.backend, &mut self.device_state) {
             (
                 Backend::Cuda {
                     gpu,
@@ -189,20 +225,26 @@ impl<'m> Session<'m> {
                     ..
                 },
                 Some(state),
-            ) => executor::run(
-                gpu,
-                &program,
-                weights,
-                state,
-                &tokens,
-                self.graphs.unwrap_or(*graphs),
-            )?,
-            _ => cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?,
-        };
-        Ok(Logits {
-            rows,
-            vocab: self.model.plan.vocab_size,
-            data,
+            ) => {
+                let graphs = self.graphs.unwrap_or(*graphs);
+                match out {
+                    StepOut::Logits => {
+                        let (data, rows) =
+                            executor::run(gpu, &program, weights, state, &tokens, graphs)?;
+                        (StepData::Logits(data), rows)
+                    }
+                    StepOut::Greedy => {
+                        let id =
+                            executor::run_greedy(gpu, &program, weights, state, &tokens, graphs)?;
+                        (StepData::Greedy(id), 1)
+                    }
+                }
+            }
+            _ => {
+                let (data, rows) =
+                    cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?;
+                (StepData::Logits(data), rows)
+            }
         })
     }
 
@@ -219,16 +261,25 @@ impl<'m> Session<'m> {
         if opts.max_new_tokens == 0 {
             return Ok(out);
         }
-        let logits = self.prefill(prompt, LogitsMode::Last)?;
-        let mut next = sampler.next(logits.last());
+        // Greedy decoding chooses on the device (8 bytes a token downloaded instead of the
+        // logits); sampling needs the logits on the host.
+        let greedy = matches!(opts.sampling, Sampling::Greedy);
+        let mut next = if greedy {
+            self.greedy(prompt)?
+        } else {
+            sampler.next(self.prefill(prompt, LogitsMode::Last)?.last())
+        };
         loop {
             out.push(next);
             let is_eos = self.model.plan.eos_token_ids.contains(&next);
             if out.len() >= opts.max_new_tokens || (opts.stop_on_eos && is_eos) {
                 return Ok(out);
             }
-            let logits = self.decode(next)?;
-            next = sampler.next(&logits);
+            next = if greedy {
+                self.greedy(&[next])?
+            } else {
+                sampler.next(&self.decode(next)?)
+            };
         }
     }
 }

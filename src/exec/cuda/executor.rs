@@ -201,6 +201,8 @@ struct StepIo {
     tokens: CudaSlice<i64>,
     logits: CudaSlice<f32>,
     logits_rows: usize,
+    /// The key `launch::sampling::argmax_row` leaves for a greedy step's readout.
+    greedy_key: CudaSlice<u64>,
     /// Every value of the step at its `memplan` offset, allocated once per step shape, so that
     /// the kernels of a replayed graph find their values at the captured addresses. Held, not
     /// read: the slots below point into it.
@@ -255,6 +257,7 @@ impl StepIo {
             tokens: gpu.zeros(rows_in, "the step's tokens")?,
             logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
             logits_rows,
+            greedy_key: gpu.zeros(1, "the greedy step's key")?,
             _arena: arena,
             input_slot,
             node_slots,
@@ -395,6 +398,81 @@ pub fn run(
 ) -> Result<(Vec<f32>, usize), CudaError> {
     let entered = std::time::Instant::now();
     let _step = gpu.lock_step();
+    let (key, replayed) = launch_step(gpu, program, weights, state, tokens, graphs)?;
+    let io = &state.io[&key];
+    let data = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
+        gpu.download(&io.logits, "logits")
+    })?;
+    Ok((data, io.logits_rows))
+}
+
+/// As [`run`], but only the index of the largest logit of the step's last row comes back
+/// (`runtime::sampling::argmax`'s choice, found on the device): a greedy step downloads 8 bytes
+/// instead of its row of logits.
+pub fn run_greedy(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    tokens: &[i64],
+    graphs: bool,
+) -> Result<u32, CudaError> {
+    let entered = std::time::Instant::now();
+    let _step = gpu.lock_step();
+    let (key, replayed) = launch_step(gpu, program, weights, state, tokens, graphs)?;
+    let io = state
+        .io
+        .get_mut(&key)
+        .expect("launch_step prepared the step buffers");
+    let vocab = io.logits.len() / io.logits_rows.max(1);
+    let last = io.logits.slice((io.logits_rows - 1) * vocab..);
+    // A plain launch: what comes before it in the stream is a graph or the step's last node.
+    gpu.set_programmatic_launch(false);
+    launch::sampling::argmax_row(gpu, &mut io.greedy_key, &last)?;
+    let io = &state.io[&key];
+    let key = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
+        gpu.download(&io.greedy_key, "the greedy step's key")
+    })?;
+    Ok(launch::sampling::argmax_index(key[0]))
+}
+
+/// Waits for the step, then copies its result to the host with `download`; in replayed steps
+/// with host timing on, adds the host's times to `host_times`.
+fn read_out<T>(
+    gpu: &Gpu,
+    host_times: &mut Option<HostTimes>,
+    replayed: bool,
+    entered: std::time::Instant,
+    download: impl FnOnce(&Gpu) -> Result<Vec<T>, CudaError>,
+) -> Result<Vec<T>, CudaError> {
+    let timing = replayed && host_times.is_some();
+    let launched = entered.elapsed().as_secs_f64();
+    if timing {
+        gpu.sync("a timed step")?;
+    }
+    let waited = entered.elapsed().as_secs_f64();
+    let data = download(gpu)?;
+    gpu.sync("the step")?;
+    if let (true, Some(t)) = (timing, host_times.as_mut()) {
+        t.steps += 1;
+        t.submit += launched;
+        t.wait += waited - launched;
+        t.download += entered.elapsed().as_secs_f64() - waited;
+    }
+    Ok(data)
+}
+
+/// Launches one step of `program` over `tokens` (replaying its captured graphs when it has
+/// them) and advances the position; returns the step's key and whether it was a replay. The
+/// result is in the step's logits buffer once the stream reaches it.
+fn launch_step(
+    gpu: &Gpu,
+    program: &Program,
+    weights: &DeviceWeights,
+    state: &mut DeviceState,
+    tokens: &[i64],
+    graphs: bool,
+) -> Result<(GraphKey, bool), CudaError> {
     let rows_in = tokens.len();
     let start = state.position;
     if start + rows_in > state.capacity {
@@ -474,24 +552,8 @@ pub fn run(
     } else {
         record(gpu, program, weights, state, key, false)?;
     }
-    let io = &state.io[&key];
-    let timing = replayed && state.host_times.is_some();
-    let launched = entered.elapsed().as_secs_f64();
-    if timing {
-        gpu.sync("a timed step")?;
-    }
-    let waited = entered.elapsed().as_secs_f64();
-    let data = gpu.download(&io.logits, "logits")?;
-    gpu.sync("the step")?;
-    let rows = io.logits_rows;
-    if let (true, Some(t)) = (timing, state.host_times.as_mut()) {
-        t.steps += 1;
-        t.submit += launched;
-        t.wait += waited - launched;
-        t.download += entered.elapsed().as_secs_f64() - waited;
-    }
     state.position += rows_in;
-    Ok((data, rows))
+    Ok((key, replayed))
 }
 
 /// Launches every node of `program` on the step buffers of `key`; the logits end in

@@ -17,7 +17,9 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DriverError, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaFunction, CudaSlice, CudaView, DevicePtr, DriverError, LaunchConfig,
+};
 
 use super::device::Gpu;
 
@@ -37,6 +39,12 @@ pub trait KernelArg {
 }
 
 impl<T> KernelArg for &CudaSlice<T> {
+    fn bits(&self, gpu: &Gpu) -> u64 {
+        self.device_ptr(&gpu.stream).0
+    }
+}
+
+impl<T> KernelArg for &CudaView<'_, T> {
     fn bits(&self, gpu: &Gpu) -> u64 {
         self.device_ptr(&gpu.stream).0
     }

@@ -11,6 +11,7 @@ pub mod gdn;
 pub mod layout;
 pub mod linear;
 pub mod moe;
+pub mod sampling;
 
 pub(crate) use linear::arg_matrix;
 pub use linear::{linear_hc_write, linear_mma, linear_rows, linear_tiled, DeviceMatrix};
