@@ -60,6 +60,44 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
     }
 }
 
+// NormRope (`Op::NormRope`): a block per (row t, head h) of x [rows, width]: the head's RMS norm
+// with (1 + w) (w [head_dim], or [width] indexed by the channel of the row), as
+// rms_norm_reference_f32 computes it, staged in shared memory, then rope_reference_f32's rotation
+// of its first `rot` channels at position step[0] + t. One launch instead of two, and the
+// normalised head is never stored.
+#define NORM_ROPE_MAX_DIM 1024
+extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* w, const long long* step, long rows,
+                                         long width, int head_dim, int rot, long w_len, float eps, double theta) {
+    wait_for_producers();
+    __shared__ float hn[NORM_ROPE_MAX_DIM];
+    const long long start = step[0];
+    const long heads = width / head_dim;
+    const int half = rot >> 1;
+    for (long b = blockIdx.x; b < rows * heads; b += gridDim.x) {
+        const long t = b / heads, h = b - t * heads;
+        const float* xs = x + t * width + h * head_dim;
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
+        // block_sum's barriers also order this head's writes of hn after the previous head's reads.
+        const float inv = rsqrtf(block_sum(ss) / head_dim + eps);
+        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+            const float wi = w_len == head_dim ? w[c] : w[h * head_dim + c];
+            hn[c] = xs[c] * inv * (1.0f + wi);
+        }
+        __syncthreads();
+        float* ys = y + t * width + h * head_dim;
+        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+            if (c >= rot) {
+                ys[c] = hn[c];
+            } else {
+                float cs, sn;
+                rope_angle(start + t, c < half ? c : c - half, rot, theta, &cs, &sn);
+                ys[c] = rope_channel(hn, c, rot, cs, sn);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Appending rows to a preallocated state `[capacity, width]`: row t of src goes to row start+t.
 

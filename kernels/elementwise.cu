@@ -33,3 +33,11 @@ extern "C" __global__ void mul_reference_f32(float* y, const float* a, const flo
     wait_for_producers();
     GRID_STRIDE(i, n) y[i] = a[i] * (b_width == width ? b[i] : b[i / width]);
 }
+
+// x * sigmoid(gate) (`Op::SigmoidMul`), gate shaped as mul_reference_f32's b, with the same
+// expression as mul_reference_f32 over sigmoid_reference_f32's output.
+extern "C" __global__ void sigmoid_mul_reference_f32(float* y, const float* x, const float* gate, long width,
+                                                     long g_width, long n) {
+    wait_for_producers();
+    GRID_STRIDE(i, n) y[i] = x[i] * sigmoid_f32(g_width == width ? gate[i] : gate[i / width]);
+}

@@ -64,6 +64,52 @@ fn rope_matches_the_cpu_reference() {
     }
 }
 
+/// `norm_rope_f32` (`Op::NormRope`: each head's RMS norm with 1 + w, then RoPE) against the CPU's
+/// two ops, with a per-head weight and a per-row weight, at the real q, k and indexer-q shapes.
+#[test]
+fn norm_rope_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
+    let eps = 1e-6;
+    // (rows, heads, head_dim, rot, theta, start, weight per row channel)
+    let cases = [
+        (5, 4, 16, 8, 10_000.0, 37, false),
+        (3, 2, 24, 6, 10_000.0, 0, true),
+        (1, 24, 256, 64, 1e7, 3054, false),
+        (1, 2, 256, 64, 1e7, 3054, false),
+        (1, 4, 128, 64, 1e7, 3054, false),
+        (64, 24, 256, 64, 1e7, 2990, false),
+        (16, 4, 128, 64, 1e7, 262_000, true),
+    ];
+    for (rows, heads, hd, rot, theta, start, per_row) in cases {
+        let x = random(&mut rng, rows * heads * hd);
+        let w = random(&mut rng, if per_row { heads * hd } else { hd });
+        let (dx, dw) = (gpu.upload(&x, "x").unwrap(), gpu.upload(&w, "w").unwrap());
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let got = gpu
+            .download(
+                &attn::norm_rope(&gpu, &dx, &dw, rows, &step, hd, rot, eps, theta).unwrap(),
+                "y",
+            )
+            .unwrap();
+        let want = rope::norm_rope(&x, &w, rows, start, hd, rot, eps, theta);
+        check(
+            "norm_rope_f32",
+            &format!("T{rows} {heads}x{hd} rot{rot} @{start} w{}", w.len()),
+            &got,
+            &want,
+        );
+    }
+    // A weight of neither length is an error naming the kernel.
+    let x = gpu.upload(&[1.0f32; 64], "x").unwrap();
+    let w = gpu.upload(&[1.0f32; 5], "w").unwrap();
+    let step = gpu.upload(&[0i64], "step").unwrap();
+    let Err(err) = attn::norm_rope(&gpu, &x, &w, 2, &step, 16, 8, eps, 1e4) else {
+        panic!("a norm weight of 5 values was accepted")
+    };
+    assert!(err.to_string().contains("norm_rope_f32"), "{err}");
+}
+
 /// One geometry: attention heads, the indexer, the cache capacity and the steps `(start, rows)`.
 struct Geometry {
     name: &'static str,

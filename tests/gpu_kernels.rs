@@ -73,6 +73,13 @@ fn kernels_match_the_cpu_reference() {
                 .unwrap(),
             &ew::add(&x, &y),
         );
+        report.check(
+            "sigmoid_mul_reference_f32",
+            &s,
+            &gpu.download(&launch::sigmoid_mul(&gpu, &dx, &dy, 1).unwrap(), "y")
+                .unwrap(),
+            &ew::sigmoid_mul(&x, &y, 1),
+        );
         let rows = 40;
         let n = n - n % rows;
         let (xa, ya) = (&x[..n], &y[..n]);
@@ -91,6 +98,13 @@ fn kernels_match_the_cpu_reference() {
             &gpu.download(&launch::mul(&gpu, &da, &col, rows).unwrap(), "y")
                 .unwrap(),
             &ew::mul(xa, &ya[..rows], rows),
+        );
+        report.check(
+            "sigmoid_mul_reference_f32 (bcast)",
+            &s,
+            &gpu.download(&launch::sigmoid_mul(&gpu, &da, &col, rows).unwrap(), "y")
+                .unwrap(),
+            &ew::sigmoid_mul(xa, &ya[..rows], rows),
         );
     }
 

@@ -300,6 +300,29 @@ fn exec_node(
                 rope::rope(x, rows, start, *head_dim, *rotary_dim, consts.rope_theta),
             )
         }
+        Op::NormRope {
+            head_dim,
+            rotary_dim,
+        } => {
+            let (x, rows) = inputs[0].f32();
+            one(
+                rows,
+                rope::norm_rope(
+                    x,
+                    &w[0].data,
+                    rows,
+                    start,
+                    *head_dim,
+                    *rotary_dim,
+                    eps,
+                    consts.rope_theta,
+                ),
+            )
+        }
+        Op::SigmoidMul => {
+            let ((x, rows), (g, _)) = (inputs[0].f32(), inputs[1].f32());
+            one(rows, ew::sigmoid_mul(x, g, rows))
+        }
         Op::IndexerSelect {
             heads,
             head_dim,

@@ -113,6 +113,16 @@ pub enum Op<D> {
         head_dim: D,
         rotary_dim: D,
     },
+    /// `RmsNorm { group: head_dim, unit_offset: true }` then `Rope` as one op (fusion
+    /// `norm_rope`): each head normalised with `(1 + w)`, `w` `[head_dim]` or `[width]`, then
+    /// rotated at the step's positions.
+    NormRope {
+        head_dim: D,
+        rotary_dim: D,
+    },
+    /// `x * sigmoid(gate)`, the gate of x's width or one per row as `Mul`'s second input
+    /// (fusion `sigmoid_mul`: QSA's output gate).
+    SigmoidMul,
     /// QSA indexer: normalised+roped queries `[T, heads*head_dim]` and raw keys `[T, head_dim]`,
     /// weight `k_layernorm [head_dim]`; appends raw keys to its state, pools complete blocks of
     /// `block` keys, scores them, keeps the top `budget/block` blocks plus the tail → selection.
@@ -228,6 +238,8 @@ impl<D> Op<D> {
             Op::GatedRmsNorm { .. } => "gated_rms_norm",
             Op::SplitQGate { .. } => "split_q_gate",
             Op::Rope { .. } => "rope",
+            Op::NormRope { .. } => "norm_rope",
+            Op::SigmoidMul => "sigmoid_mul",
             Op::IndexerSelect { .. } => "indexer_select",
             Op::Attention { .. } => "attention",
             Op::MoeRouter { .. } => "moe_router",
@@ -360,6 +372,14 @@ impl<D> Op<D> {
                 head_dim: f(head_dim)?,
                 rotary_dim: f(rotary_dim)?,
             },
+            Op::NormRope {
+                head_dim,
+                rotary_dim,
+            } => Op::NormRope {
+                head_dim: f(head_dim)?,
+                rotary_dim: f(rotary_dim)?,
+            },
+            Op::SigmoidMul => Op::SigmoidMul,
             Op::IndexerSelect {
                 heads,
                 head_dim,

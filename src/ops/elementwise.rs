@@ -30,6 +30,11 @@ pub fn mul(a: &[f32], b: &[f32], rows: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `x * sigmoid(gate)` (`Op::SigmoidMul`): `mul(x, sigmoid_all(gate), rows)` in one pass.
+pub fn sigmoid_mul(x: &[f32], gate: &[f32], rows: usize) -> Vec<f32> {
+    mul(x, &sigmoid_all(gate), rows)
+}
+
 pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }

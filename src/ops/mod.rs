@@ -50,6 +50,8 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gated_rms_norm"
         | "split_q_gate"
         | "rope"
+        | "norm_rope"
+        | "sigmoid_mul"
         | "indexer_select"
         | "attention"
         | "moe_router"

@@ -46,3 +46,20 @@ pub fn rope(
     }
     out
 }
+
+/// `Op::NormRope`: each head's RMS norm (scale `1 + w`; `w` per head channel or per row channel)
+/// and then `rope`, as the two ops compute them one after the other.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_rope(
+    x: &[f32],
+    w: &[f32],
+    tokens: usize,
+    start: usize,
+    head_dim: usize,
+    rot: usize,
+    eps: f32,
+    theta: f64,
+) -> Vec<f32> {
+    let normed = super::norm::rms_norm(x, w, head_dim, true, eps);
+    rope(&normed, tokens, start, head_dim, rot, theta)
+}

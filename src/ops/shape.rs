@@ -207,6 +207,32 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w)
         }
+        Op::NormRope {
+            head_dim,
+            rotary_dim,
+        } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(
+                *head_dim > 0 && w % head_dim == 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
+                || format!("width {w}, head_dim {head_dim}, rotary_dim {rotary_dim} do not fit"),
+            )?;
+            let wl: usize = weights[0].iter().product();
+            check(wl == w || wl == *head_dim, || {
+                format!("norm weight has {wl} elements, expected {w} or {head_dim}")
+            })?;
+            f(w)
+        }
+        Op::SigmoidMul => {
+            expect_inputs(inputs, 2)?;
+            let a = f32_input(inputs[0], "input")?;
+            let b = f32_input(inputs[1], "gate")?;
+            check(a == b || b == 1, || {
+                format!("widths {a} and {b} do not broadcast")
+            })?;
+            f(a)
+        }
         Op::IndexerSelect {
             heads,
             head_dim,

@@ -1055,6 +1055,34 @@ fn launch_node<'v>(
                 buf: attention::rope(gpu, x, rows, step, *head_dim, *rotary_dim, theta)?,
             }]
         }
+        Op::NormRope {
+            head_dim,
+            rotary_dim,
+        } => {
+            let (x, rows) = arg(0).f32();
+            let w = weights.vector(w(0))?;
+            vec![DVal::F32 {
+                rows,
+                buf: attention::norm_rope(
+                    gpu,
+                    x,
+                    w,
+                    rows,
+                    step,
+                    *head_dim,
+                    *rotary_dim,
+                    eps,
+                    theta,
+                )?,
+            }]
+        }
+        Op::SigmoidMul => {
+            let ((x, rows), (g, _)) = (arg(0).f32(), arg(1).f32());
+            vec![DVal::F32 {
+                rows,
+                buf: launch::sigmoid_mul(gpu, x, g, rows)?,
+            }]
+        }
         Op::IndexerSelect {
             heads,
             head_dim,

@@ -100,6 +100,81 @@ pub fn rope(
     Ok(y)
 }
 
+/// As `NORM_ROPE_MAX_DIM` in the kernel source (the staged head).
+const NORM_ROPE_MAX_DIM: usize = 1024;
+
+/// `ops::rope::norm_rope`: each head of `x [rows, width]` RMS-normalised with `1 + w` (`w`
+/// `[head_dim]` or `[width]`) and then rotated as [`rope`], in one launch (a block per row and
+/// head).
+#[allow(clippy::too_many_arguments)]
+pub fn norm_rope(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    head_dim: usize,
+    rotary_dim: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "norm_rope_f32";
+    one_step(kernel, step)?;
+    rope_dims(kernel, head_dim, rotary_dim)?;
+    shape(
+        kernel,
+        rows > 0
+            && head_dim <= NORM_ROPE_MAX_DIM
+            && x.len().is_multiple_of(rows)
+            && (x.len() / rows).is_multiple_of(head_dim)
+            && (w.len() == head_dim || w.len() == x.len() / rows),
+        || {
+            format!(
+                "{} values are not {rows} rows of heads of {head_dim} (at most {NORM_ROPE_MAX_DIM}) \
+                 with a norm weight of {} (want {head_dim} or the row's width)",
+                x.len(),
+                w.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let width = x.len() / rows;
+    let blocks = rows * (width / head_dim);
+    let mut y = gpu.output::<f32>(x.len(), kernel)?;
+    let (r64, w64, hd, rot, wl) = (
+        rows as i64,
+        width as i64,
+        head_dim as i32,
+        rotary_dim as i32,
+        w.len() as i64,
+    );
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y)
+        .arg(x)
+        .arg(w)
+        .arg(step)
+        .arg(&r64)
+        .arg(&w64)
+        .arg(&hd)
+        .arg(&rot)
+        .arg(&wl)
+        .arg(&eps)
+        .arg(&theta);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.min(65_535 * 8) as u32, 1, 1),
+        block_dim: (
+            head_dim.div_ceil(2).next_multiple_of(32).min(256) as u32,
+            1,
+            1,
+        ),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x and y hold rows*width floats, w head_dim or width; a block stages one head of at
+    // most NORM_ROPE_MAX_DIM channels, and each rotated channel's partner lies in the same head.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok(y)
+}
+
 /// As the `IDX_*` constants in the kernel source: the work buffer's per-row stride of zeroed
 /// counters, the candidates kept per row, the pooled keys per score tile, the threads of the
 /// top-k kernel and the scores per top-k thread block.

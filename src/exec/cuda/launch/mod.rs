@@ -101,17 +101,39 @@ pub fn mul(
     b_in: &CudaSlice<f32>,
     rows: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    let kernel = "mul_reference_f32";
+    scaled_by(gpu, "mul", a, b_in, rows)
+}
+
+/// `x * sigmoid(gate)` (`Op::SigmoidMul`), `gate` shaped as `mul`'s `b`.
+pub fn sigmoid_mul(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    gate: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<Buf<f32>, CudaError> {
+    scaled_by(gpu, "sigmoid_mul", x, gate, rows)
+}
+
+/// `<op>_reference_f32(y, a, b, width, b_width, n)`: `a [rows, width]` scaled elementwise by a
+/// function of `b [rows, width]` or `[rows, 1]`.
+fn scaled_by(
+    gpu: &Gpu,
+    op: &str,
+    a: &CudaSlice<f32>,
+    b_in: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = format!("{op}_reference_f32");
     shape(
-        kernel,
+        &kernel,
         rows > 0 && a.len().is_multiple_of(rows) && (b_in.len() == a.len() || b_in.len() == rows),
         || format!("a has {} values, b {}, rows {rows}", a.len(), b_in.len()),
     )?;
-    let f = gpu.function("elementwise.cu", kernel)?;
+    let f = gpu.function("elementwise.cu", &kernel)?;
     let n = a.len();
     let width = (n / rows) as i64;
     let b_width = (b_in.len() / rows) as i64;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = gpu.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y)
@@ -121,7 +143,7 @@ pub fn mul(
         .arg(&b_width)
         .arg(&n64);
     // SAFETY: b is indexed below its length by the width check above.
-    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
 }
 
