@@ -233,64 +233,16 @@ MOE_SHARED_WRITE_KERNEL(bf16_t, bf16)
 template <typename W, int G, int U, typename Epilogue>
 __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k, long n, long block, long blocks,
                                               Epilogue epilogue) {
-    constexpr int N = WeightVec<W>::N;
-    __shared__ float partial[G][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long stride = blockDim.x;
-    const bool vec = k % N == 0 && aligned16(x) && aligned16(w);
+    const int warp = threadIdx.x >> 5;
     for (long r0 = block * G; r0 < n; r0 += blocks * G) {
         const int here = (int)min((long)G, n - r0);
-        float acc[G];
-#pragma unroll
-        for (int g = 0; g < G; g++) acc[g] = 0.0f;
-        if (vec) {
-            // U chunks of each of the G rows in flight, kept packed (4 registers each) until
-            // their products: fewer registers, more blocks a multiprocessor.
-            const long chunks = k / N;
-            for (long i = threadIdx.x; i < chunks; i += U * stride) {
-                uint4 raw[U][G];
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int g = 0; g < G; g++)
-                        if (g < here && i + u * stride < chunks)
-                            raw[u][g] = WeightVec<W>::load(w + (r0 + g) * k, i + u * stride);
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (i + u * stride >= chunks) break;
-                    float xv[N];
-                    act_chunk<N>(x, i + u * stride, xv);
-#pragma unroll
-                    for (int g = 0; g < G; g++) {
-                        if (g < here) {
-                            float wv[N];
-                            WeightVec<W>::unpack(raw[u][g], wv);
-#pragma unroll
-                            for (int j = 0; j < N; j++) acc[g] += wv[j] * xv[j];
-                        }
-                    }
-                }
-            }
-        } else {
-            for (long i = threadIdx.x; i < k; i += stride) {
-#pragma unroll
-                for (int g = 0; g < G; g++)
-                    if (g < here) acc[g] += x[i] * WeightVec<W>::one(w + (r0 + g) * k, i);
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            const float v = warp_sum(acc[g]);
-            if (lane == 0) partial[g][warp] = v;
-        }
-        __syncthreads();
+        float sums[G];
+        block_dots<W, G, U>(x, [&](int g) { return w + (r0 + g) * k; }, k, here, sums);
         if (warp == 0) {
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (g < here) epilogue(r0 + g, warp_sum(lane < warps ? partial[g][lane] : 0.0f));
-            }
+            for (int g = 0; g < G; g++)
+                if (g < here) epilogue(r0 + g, sums[g]);
         }
-        __syncthreads();  // `partial` is rewritten by the next rows
     }
 }
 

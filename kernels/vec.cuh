@@ -196,3 +196,67 @@ __device__ __forceinline__ void prefetch_first_rows(const W* w, long k, long n, 
     if (threadIdx.x != 0 || r0 >= n) return;
     prefetch_weights(w + r0 * k, min(per_block, n - r0) * k * (long)sizeof(W));
 }
+
+// The dot products of x [k] with `here` (≤ G) weight rows row(0) .. row(here - 1), every thread
+// of the block along k: thread t takes chunks t, t + blockDim, ... of the rows (each activation
+// chunk loaded once for all G), U chunks of each row in flight, kept packed (4 registers each)
+// until their products (fewer registers, more blocks a multiprocessor), and the G sums reduced
+// over the block. Every lane of warp 0 gets sums[g] for g < here. Every thread of the block
+// calls it (it synchronises the block, before it returns too, so it can be called again).
+template <typename W, int G, int U, typename Row>
+__device__ __forceinline__ void block_dots(const float* x, Row row, long k, int here, float* sums) {
+    constexpr int N = WeightVec<W>::N;
+    __shared__ float partial[G][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const long stride = blockDim.x;
+    bool vec = k % N == 0 && aligned16(x);
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        if (g < here) vec = vec && aligned16(row(g));
+    float acc[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) acc[g] = 0.0f;
+    if (vec) {
+        const long chunks = k / N;
+        for (long i = threadIdx.x; i < chunks; i += U * stride) {
+            uint4 raw[U][G];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    if (g < here && i + u * stride < chunks) raw[u][g] = WeightVec<W>::load(row(g), i + u * stride);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (i + u * stride >= chunks) break;
+                float xv[N];
+                act_chunk<N>(x, i + u * stride, xv);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    if (g < here) {
+                        float wv[N];
+                        WeightVec<W>::unpack(raw[u][g], wv);
+#pragma unroll
+                        for (int j = 0; j < N; j++) acc[g] += wv[j] * xv[j];
+                    }
+                }
+            }
+        }
+    } else {
+        for (long i = threadIdx.x; i < k; i += stride) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (g < here) acc[g] += x[i] * WeightVec<W>::one(row(g), i);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float v = warp_sum(acc[g]);
+        if (lane == 0) partial[g][warp] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) sums[g] = warp_sum(lane < warps ? partial[g][lane] : 0.0f);
+    }
+    __syncthreads();  // `partial` is rewritten by the next call
+}

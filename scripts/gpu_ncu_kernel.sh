@@ -5,12 +5,15 @@
 #   here:            cargo build --release && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_ncu_kernel.sh REGEX [SKIP COUNT]   # `device` tool, carry: ["gpu-bin"]
 #   EXTRA_SECTIONS="SourceCounters" adds sections (SourceCounters: the instructions warps stall on).
+#   BENCH_ARGS="..." profiles another bench run than the default one-layer decode.
 #
 # Profiles COUNT launches (default 8) of the kernels matching REGEX after the first SKIP (default
 # 8: past warm-up) in a one-layer bench at the real geometry; writes $OUT/ncu_kernel.log (or
 # results/ when OUT is unset) and ncu's unfiltered output in ncu_raw.txt.
 source "$(dirname "$0")/gpu_env.sh"
-cmd=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 4)
+# BENCH_ARGS replaces the bench's arguments (e.g. a 2048-token prefill for a prefill kernel).
+read -r -a bench_args <<<"${BENCH_ARGS:---layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 4}"
+cmd=(./gpu-bin/graphrun bench "${bench_args[@]}")
 sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis)
 for s in ${EXTRA_SECTIONS:-}; do sections+=(--section "$s"); done
 re=$1
