@@ -1034,15 +1034,21 @@ fn launch_node<'v>(
             let norm_w = weights.vector(w(2))?;
             let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
             let st = f32_state(&mut bufs[0]);
-            // The recurrence, then the norm (one kernel of both comes next).
-            let gates = gdn::GdnGates::Raw {
-                b,
-                a,
-                a_log,
-                dt_bias,
+            let y = if gdn::normed_recurrence_fits(&shape) {
+                gdn::gdn_normed_recurrence(
+                    gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, sigmoid, eps,
+                )?
+            } else {
+                // A head wider than one block holds: the recurrence, then the norm.
+                let gates = gdn::GdnGates::Raw {
+                    b,
+                    a,
+                    a_log,
+                    dt_bias,
+                };
+                let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape)?;
+                layout::gated_rms_norm(gpu, &o, z, norm_w, *value_dim, sigmoid, eps)?
             };
-            let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape)?;
-            let y = layout::gated_rms_norm(gpu, &o, z, norm_w, *value_dim, sigmoid, eps)?;
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::GatedRmsNorm { head_dim } => {
