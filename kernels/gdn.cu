@@ -437,3 +437,169 @@ extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
     gdn_recurrence_warp(out, state, qkv, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, rows, key_heads,
                         value_heads, dk, dv);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The gated recurrence with the output norm as its epilogue (`Op::GdnNormedRecurrence`, decode-
+// sized steps): one block per value head, a warp per 8 columns of its state (blockDim.x =
+// 32 · ceil(dv / 8), dv ≤ GDNN_MAX_DV, dk ≤ GDNW_MAX_DK), the lanes laid out as in
+// gdn_recurrence_warp (2 columns x 16 rows a lane, gdnw_reduce_pair). The norm needs the head's
+// dv outputs of a token together, hence the whole head in one block. Tokens go GDNN_T at a time:
+//   1. (barrier) the chunk's q and k normalised into shared memory (a warp a token's q or k),
+//      its v columns copied, its gates formed from b, a (GdnRawGates);
+//   2. (barrier) each warp runs the chunk's tokens over its columns; o goes to shared memory;
+//   3. (barrier) a warp a token: o's sum of squares over the head, then
+//      out = o · rsqrt(mean + eps) · w · act(z), as gated_rms_norm_reference_f32 (kernels/layout.cu).
+// Every shared buffer is written only past a barrier that follows its last reads: qn, kn, vs and
+// the gates (read in 2) and os (read in 3) are next written in 1 and 2 of the next chunk.
+#define GDNN_MAX_DV 128
+#define GDNN_MAX_THREADS (GDNN_MAX_DV / GDNW_COLS * 32)
+#define GDNN_T 8
+
+extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
+    gdn_normed_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
+                              const float* a_log, const float* dt_bias, const float* z, const float* norm_w, int rows,
+                              int key_heads, int value_heads, int dk, int dv, int use_sigmoid, float eps) {
+    wait_for_producers();
+    __shared__ __align__(16) float qn[GDNN_T][GDNW_STRIDE];
+    __shared__ __align__(16) float kn[GDNN_T][GDNW_STRIDE];
+    __shared__ float vs[GDNN_T][GDNN_MAX_DV];
+    __shared__ float os[GDNN_T][GDNN_MAX_DV];
+    __shared__ float beta_s[GDNN_T], decay_s[GDNN_T];
+
+    const GdnRawGates gates{b_in, a_in, a_log, dt_bias, value_heads};
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int h = blockIdx.x;
+    const int kh = h / (value_heads / key_heads);
+    const int group = lane % GDNW_GROUPS, r0 = group * GDNW_ROWS;
+    const bool high = (lane & 4) != 0;  // which column of the pair this lane reduces and stores
+    const int j = warp * GDNW_COLS + (lane / GDNW_GROUPS) * 2;  // the pair's first column
+    const bool col0 = j < dv, col1 = j + 1 < dv, mine = high ? col1 : col0;
+    const long key_dim = (long)key_heads * dk;
+    const long width = 2 * key_dim + (long)value_heads * dv;
+    const long out_width = (long)value_heads * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float* S = state + (long)h * dk * dv;
+
+    float s0[GDNW_ROWS], s1[GDNW_ROWS];
+#pragma unroll
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        const bool row = r0 + i < dk;
+        s0[i] = (row && col0) ? S[(long)(r0 + i) * dv + j] : 0.0f;
+        s1[i] = (row && col1) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+    }
+
+    for (int t0 = 0; t0 < rows; t0 += GDNN_T) {
+        const int n = min(GDNN_T, rows - t0);
+        __syncthreads();
+        // 1. q (even tasks) and k (odd) of each token, l2-normalised, q also scaled; rows ≥ dk
+        // zero. The v columns of head h, and the gates.
+        for (int e = warp; e < 2 * n; e += warps) {
+            const int tok = e >> 1;
+            const bool is_k = (e & 1) != 0;
+            const float* src = qkv + (long)(t0 + tok) * width + (is_k ? key_dim : 0) + (long)kh * dk;
+            float x[GDNW_MAX_DK / 32], ss = 0.0f;
+#pragma unroll
+            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
+                const int c = lane + 32 * m;
+                x[m] = c < dk ? src[c] : 0.0f;
+                ss += x[m] * x[m];
+            }
+            const float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
+#pragma unroll
+            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
+                const int c = GDNW_PAD(lane + 32 * m);
+                if (is_k)
+                    kn[tok][c] = x[m] * inv;
+                else
+                    qn[tok][c] = x[m] * inv * scale;
+            }
+        }
+        for (int e = tid; e < n * dv; e += blockDim.x) {
+            const int tok = e / dv, c = e - tok * dv;
+            vs[tok][c] = qkv[(long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + c];
+        }
+        if (tid < n) {
+            float b, gt;
+            gates(t0 + tid, h, b, gt);
+            beta_s[tid] = b;
+            decay_s[tid] = expf(gt);
+        }
+        __syncthreads();
+        // 2. The recurrence over this warp's columns (as gdn_recurrence_warp); o into os.
+        for (int tok = 0; tok < n; tok++) {
+            const float4* k4 = (const float4*)&kn[tok][GDNW_PAD(r0)];
+            const float4* q4 = (const float4*)&qn[tok][GDNW_PAD(r0)];
+            float k[GDNW_ROWS];
+#pragma unroll
+            for (int m = 0; m < GDNW_ROWS / 4; m++) {
+                const float4 v = k4[m];
+                k[4 * m] = v.x;
+                k[4 * m + 1] = v.y;
+                k[4 * m + 2] = v.z;
+                k[4 * m + 3] = v.w;
+            }
+            const float decay = decay_s[tok];
+            float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < GDNW_ROWS; i++) {
+                s0[i] *= decay;
+                s1[i] *= decay;
+                pa[i & 1] += s0[i] * k[i];
+                pb[i & 1] += s1[i] * k[i];
+            }
+            const float sk = gdnw_reduce_pair(pa[0] + pa[1], pb[0] + pb[1], high);
+            const float u_mine = mine ? (vs[tok][j + (high ? 1 : 0)] - sk) * beta_s[tok] : 0.0f;
+            const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, 4);
+            const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
+            float q[GDNW_ROWS];
+#pragma unroll
+            for (int m = 0; m < GDNW_ROWS / 4; m++) {
+                const float4 v = q4[m];
+                q[4 * m] = v.x;
+                q[4 * m + 1] = v.y;
+                q[4 * m + 2] = v.z;
+                q[4 * m + 3] = v.w;
+            }
+            float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < GDNW_ROWS; i++) {
+                s0[i] += k[i] * u0;
+                s1[i] += k[i] * u1;
+                oa[i & 1] += s0[i] * q[i];
+                ob[i & 1] += s1[i] * q[i];
+            }
+            const float o = gdnw_reduce_pair(oa[0] + oa[1], ob[0] + ob[1], high);
+            if ((lane & 3) == 0 && mine) os[tok][j + (high ? 1 : 0)] = o;
+        }
+        __syncthreads();
+        // 3. The norm of each token's dv outputs, a warp a token.
+        for (int tok = warp; tok < n; tok += warps) {
+            float x[GDNN_MAX_DV / 32], ss = 0.0f;
+#pragma unroll
+            for (int m = 0; m < GDNN_MAX_DV / 32; m++) {
+                const int c = lane + 32 * m;
+                x[m] = c < dv ? os[tok][c] : 0.0f;
+                ss += x[m] * x[m];
+            }
+            const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dv + eps);
+            const long base = (long)(t0 + tok) * out_width + (long)h * dv;
+#pragma unroll
+            for (int m = 0; m < GDNN_MAX_DV / 32; m++) {
+                const int c = lane + 32 * m;
+                if (c < dv) {
+                    const float g = z[base + c];
+                    const float a = use_sigmoid ? sigmoid_f32(g) : silu_f32(g);
+                    out[base + c] = x[m] * inv * norm_w[c] * a;
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < GDNW_ROWS; i++) {
+        if (r0 + i < dk) {
+            if (col0) S[(long)(r0 + i) * dv + j] = s0[i];
+            if (col1) S[(long)(r0 + i) * dv + j + 1] = s1[i];
+        }
+    }
+}

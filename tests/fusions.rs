@@ -209,6 +209,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "moe_shared_write",
             "hc_read",
             "gdn_gated_recurrence",
+            "gdn_normed_recurrence",
         ] {
             assert!(
                 counts[name] > 0,
@@ -218,19 +219,33 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     }
 
     let cpu_long = fired(Cpu, Phase::Prefill, 64);
-    for name in ["swiglu", "hc_mix", "linear_hc_write"] {
+    for name in [
+        "swiglu",
+        "hc_mix",
+        "linear_hc_write",
+        "gdn_normed_recurrence",
+    ] {
         assert!(cpu_long[name] > 0, "CPU prefill 64: `{name}` did not fire");
     }
     let cuda_8 = fired(Cuda, Phase::Prefill, 8);
     assert!(
-        cuda_8["linear_hc_write"] > 0 && cuda_8["hc_mix"] > 0,
+        cuda_8["linear_hc_write"] > 0
+            && cuda_8["hc_mix"] > 0
+            && cuda_8["gdn_normed_recurrence"] > 0,
         "{cuda_8:?}"
     );
     let cuda_9 = fired(Cuda, Phase::Prefill, 9);
     assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
+    // A block per value head: from 9 tokens the staged scan and the norm run apart.
+    assert_eq!(cuda_9["gdn_normed_recurrence"], 0, "{cuda_9:?}");
     assert!(cuda_9["hc_mix"] > 0, "{cuda_9:?}");
     let cuda_64 = fired(Cuda, Phase::Prefill, 64);
-    for name in ["swiglu", "hc_mix", "linear_hc_write"] {
+    for name in [
+        "swiglu",
+        "hc_mix",
+        "linear_hc_write",
+        "gdn_normed_recurrence",
+    ] {
         assert_eq!(
             cuda_64[name], 0,
             "CUDA prefill 64: `{name}` fired: {cuda_64:?}"
@@ -246,13 +261,25 @@ fn fusion_predicates_follow_the_device_and_the_step() {
 
 /// A pattern argument `id.N` binds only output N of that pattern node: GDN's recurrence reads
 /// the gates' `beta` (output 0) then `g` (output 1), so the pattern with the two swapped matches
-/// nothing, and the stateful recurrence it fuses keeps its state.
+/// nothing, and the stateful recurrence it fuses keeps its state (as does the normed recurrence
+/// that the next fusion makes of it, when that one applies too).
 #[test]
 fn a_pattern_output_index_binds_only_that_output() {
     let plan =
         ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
-    let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    let mut opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
     let mut graphs = GraphSet::embedded().unwrap();
+    let every = lower(&plan, &graphs, &opts).unwrap();
+    let normed: Vec<_> = every
+        .program
+        .nodes
+        .iter()
+        .filter(|n| n.fused.as_deref() == Some("gdn_normed_recurrence"))
+        .collect();
+    assert!(!normed.is_empty());
+    assert!(normed.iter().all(|n| n.states.len() == 1), "{normed:?}");
+    // Without the normed recurrence's fusion, the gated recurrence's nodes stay in the program.
+    opts.fusions = Some(vec!["gdn_gated_recurrence".into()]);
     let lowered = lower(&plan, &graphs, &opts).unwrap();
     assert!(lowered.fusion_counts["gdn_gated_recurrence"] > 0);
     let fused = lowered

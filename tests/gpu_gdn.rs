@@ -17,6 +17,7 @@ use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::launch::gdn::{self, GdnLayout};
 use graphrun::exec::cuda::Gpu;
+use graphrun::ir::GateActivation;
 use graphrun::ops::conv;
 use graphrun::ops::gdn::{self as cpu_gdn, GdnShape};
 use rand::SeedableRng;
@@ -354,6 +355,102 @@ fn gdn_recurrence_matches_the_cpu_reference() {
     println!("{} gdn_recurrence checks passed", report.0.len());
 }
 
+/// The recurrence with the output norm as its epilogue (`gdn_normed_recurrence_f32`, one block a
+/// value head) against the CPU's composition (`ops::gdn::normed_recurrence`: the gated
+/// recurrence, then `norm::gated_rms_norm` over each head's dv outputs), for both gate
+/// activations, from a random state; the state after the step too.
+#[test]
+fn gdn_normed_recurrence_matches_the_cpu_composition() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x4e0a);
+    let mut report = Report(Vec::new());
+    let eps = 1e-6f32;
+    let shapes = [
+        // real
+        GdnShape {
+            key_heads: 16,
+            value_heads: 48,
+            key_dim: 128,
+            value_dim: 128,
+        },
+        // odd: rows not a multiple of 4 (a partial row group), 3 warps of columns
+        GdnShape {
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 37,
+            value_dim: 24,
+        },
+        // ragged: a partial last warp whose last pair has one column
+        GdnShape {
+            key_heads: 1,
+            value_heads: 3,
+            key_dim: 8,
+            value_dim: 13,
+        },
+    ];
+    for s in &shapes {
+        let name = format!(
+            "Kh{} Vh{} dk{} dv{}",
+            s.key_heads, s.value_heads, s.key_dim, s.value_dim
+        );
+        let state_len = s.value_heads * s.key_dim * s.value_dim;
+        let norm_w = random_scaled(&mut rng, s.value_dim, 1.0);
+        let dw = gpu.upload(&norm_w, "norm weight").unwrap();
+        // Decode, a few rows, and (past what the fusion's predicate gives the kernel) two
+        // chunks of its staging.
+        for rows in [1usize, 3, 11] {
+            for act in [GateActivation::Sigmoid, GateActivation::Silu] {
+                let (qkv, _, _, raw) = recurrence_inputs(&mut rng, rows, s, 0.0);
+                let z = random_scaled(&mut rng, rows * s.value_heads * s.value_dim, 3.0);
+                let state0 = random_scaled(&mut rng, state_len, 1.0);
+                let mut cpu_state = state0.clone();
+                let want = cpu_gdn::normed_recurrence(
+                    &qkv,
+                    &raw[0],
+                    &raw[1],
+                    &raw[2],
+                    &raw[3],
+                    &z,
+                    &norm_w,
+                    &mut cpu_state,
+                    rows,
+                    s,
+                    act,
+                    eps,
+                );
+                let up = |v: &[f32]| gpu.upload(v, "normed recurrence input").unwrap();
+                let mut dstate = up(&state0);
+                let y = gdn::gdn_normed_recurrence(
+                    &gpu,
+                    &up(&qkv),
+                    &up(&raw[0]),
+                    &up(&raw[1]),
+                    &up(&raw[2]),
+                    &up(&raw[3]),
+                    &up(&z),
+                    &dw,
+                    &mut dstate,
+                    rows,
+                    s,
+                    act == GateActivation::Sigmoid,
+                    eps,
+                )
+                .unwrap();
+                let sh = format!("T{rows} {name} {act:?}");
+                report.check("gdn_normed_recurrence y", &sh, &down(&gpu, &y), &want);
+                report.check(
+                    "gdn_normed_recurrence S",
+                    &sh,
+                    &down(&gpu, &dstate),
+                    &cpu_state,
+                );
+            }
+        }
+    }
+    gpu.sync("the gdn_normed_recurrence checks").unwrap();
+    println!("{} gdn_normed_recurrence checks passed", report.0.len());
+}
+
 /// Bad shapes are errors naming the kernel, not launches.
 #[test]
 fn gdn_shape_errors_name_the_kernel() {
@@ -404,4 +501,52 @@ fn gdn_shape_errors_name_the_kernel() {
     )
     .expect_err("a shape error: dk above the warp layout's limit");
     assert!(err.to_string().contains("gdn_recurrence_warp_f32"), "{err}");
+
+    // The normed recurrence holds a head in one block: dv 129 is refused (the executor runs the
+    // recurrence and the norm apart there), and so is a gate z of the wrong length.
+    let up = |v: &[f32]| gpu.upload(v, "normed input").unwrap();
+    let normed = |s: &GdnShape, z_len: usize| {
+        let width = 2 * s.key_heads * s.key_dim + s.value_heads * s.value_dim;
+        let mut state = up(&vec![0.0f32; s.value_heads * s.key_dim * s.value_dim]);
+        let one = up(&[0.0f32]);
+        gdn::gdn_normed_recurrence(
+            &gpu,
+            &up(&vec![0.0f32; width]),
+            &one,
+            &one,
+            &one,
+            &one,
+            &up(&vec![0.0f32; z_len]),
+            &up(&vec![1.0f32; s.value_dim]),
+            &mut state,
+            1,
+            s,
+            true,
+            1e-6,
+        )
+    };
+    let wide = GdnShape {
+        key_heads: 1,
+        value_heads: 1,
+        key_dim: 16,
+        value_dim: 129,
+    };
+    assert!(!gdn::normed_recurrence_fits(&wide));
+    let err = normed(&wide, 129).expect_err("a shape error: dv above 128");
+    assert!(
+        err.to_string().contains("gdn_normed_recurrence_f32"),
+        "{err}"
+    );
+    let fits = GdnShape {
+        value_dim: 128,
+        ..wide
+    };
+    assert!(gdn::normed_recurrence_fits(&fits));
+    let err = normed(&fits, 127).expect_err("a shape error: z is short");
+    assert!(
+        err.to_string().contains("gdn_normed_recurrence_f32"),
+        "{err}"
+    );
+    normed(&fits, 128).expect("the same shape with a whole z launches");
+    gpu.sync("the normed recurrence's shape checks").unwrap();
 }

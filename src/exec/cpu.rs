@@ -271,6 +271,27 @@ fn exec_node(
             };
             one(rows, o)
         }
+        Op::GdnNormedRecurrence { .. } => {
+            let shape = gdn::GdnShape::of(&node.op).expect("a recurrence op");
+            let (qkv, rows) = inputs[0].f32();
+            let st = fixed_buf(&mut states[0]);
+            let (b, a, z) = (inputs[1].f32().0, inputs[2].f32().0, inputs[3].f32().0);
+            let y = gdn::normed_recurrence(
+                qkv,
+                b,
+                a,
+                &w[0].data,
+                &w[1].data,
+                z,
+                &w[2].data,
+                st,
+                rows,
+                &shape,
+                consts.gate_activation,
+                eps,
+            );
+            one(rows, y)
+        }
         Op::GatedRmsNorm { head_dim } => {
             let (x, rows) = inputs[0].f32();
             one(

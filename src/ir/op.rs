@@ -99,6 +99,16 @@ pub enum Op<D> {
         key_dim: D,
         value_dim: D,
     },
+    /// `GdnGatedRecurrence` then `GatedRmsNorm` over each value head as one op (fusion
+    /// `gdn_normed_recurrence`): inputs the conv output, `b, a [T, Vh]` and the norm's gate
+    /// `z [T, Vh*dv]`; weights `A_log, dt_bias [Vh]` and the norm weight `[dv]`; state
+    /// `[Vh, dk, dv]` → the normed `o [T, Vh*dv]` (the recurrence's own `o` is never stored).
+    GdnNormedRecurrence {
+        key_heads: D,
+        value_heads: D,
+        key_dim: D,
+        value_dim: D,
+    },
     /// Per-head RMS norm with a plain weight `[head_dim]`, times `act(gate)`; act from constants.
     GatedRmsNorm {
         head_dim: D,
@@ -235,6 +245,7 @@ impl<D> Op<D> {
             Op::GdnGates => "gdn_gates",
             Op::GdnRecurrence { .. } => "gdn_recurrence",
             Op::GdnGatedRecurrence { .. } => "gdn_gated_recurrence",
+            Op::GdnNormedRecurrence { .. } => "gdn_normed_recurrence",
             Op::GatedRmsNorm { .. } => "gated_rms_norm",
             Op::SplitQGate { .. } => "split_q_gate",
             Op::Rope { .. } => "rope",
@@ -353,6 +364,17 @@ impl<D> Op<D> {
                 key_dim,
                 value_dim,
             } => Op::GdnGatedRecurrence {
+                key_heads: f(key_heads)?,
+                value_heads: f(value_heads)?,
+                key_dim: f(key_dim)?,
+                value_dim: f(value_dim)?,
+            },
+            Op::GdnNormedRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            } => Op::GdnNormedRecurrence {
                 key_heads: f(key_heads)?,
                 value_heads: f(value_heads)?,
                 key_dim: f(key_dim)?,

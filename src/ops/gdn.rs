@@ -2,8 +2,9 @@
 
 use rayon::prelude::*;
 
+use super::norm;
 use super::sigmoid;
-use crate::ir::Op;
+use crate::ir::{GateActivation, Op};
 
 /// torch's softplus (beta 1, threshold 20).
 fn softplus(x: f32) -> f32 {
@@ -43,7 +44,8 @@ pub struct GdnShape {
 }
 
 impl GdnShape {
-    /// The shape a recurrence op (`GdnRecurrence`, or `GdnGatedRecurrence` with its gates) runs.
+    /// The shape a recurrence op (`GdnRecurrence`, `GdnGatedRecurrence` with its gates, or
+    /// `GdnNormedRecurrence` with its gates and output norm) runs.
     pub fn of(op: &Op<usize>) -> Option<GdnShape> {
         match *op {
             Op::GdnRecurrence {
@@ -57,6 +59,12 @@ impl GdnShape {
                 value_heads,
                 key_dim,
                 value_dim,
+            }
+            | Op::GdnNormedRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
             } => Some(GdnShape {
                 key_heads,
                 value_heads,
@@ -64,6 +72,16 @@ impl GdnShape {
                 value_dim,
             }),
             _ => None,
+        }
+    }
+
+    /// The recurrence with its gates formed inside (`GdnGatedRecurrence`) of this shape.
+    pub fn gated_recurrence_op(&self) -> Op<usize> {
+        Op::GdnGatedRecurrence {
+            key_heads: self.key_heads,
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
         }
     }
 
@@ -165,4 +183,26 @@ pub fn gated_recurrence(
 ) -> Vec<f32> {
     let (beta, g) = gates(b, a, a_log, dt_bias);
     recurrence(qkv, &beta, &g, state, tokens, s)
+}
+
+/// `gated_recurrence` then the output norm (`Op::GdnNormedRecurrence`, the fused op):
+/// `norm::gated_rms_norm` over each value head's `dv` outputs with the plain weight `norm_w
+/// [dv]` and `act(z)`, `z [tokens, Vh*dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn normed_recurrence(
+    qkv: &[f32],
+    b: &[f32],
+    a: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    z: &[f32],
+    norm_w: &[f32],
+    state: &mut [f32],
+    tokens: usize,
+    s: &GdnShape,
+    act: GateActivation,
+    eps: f32,
+) -> Vec<f32> {
+    let o = gated_recurrence(qkv, b, a, a_log, dt_bias, state, tokens, s);
+    norm::gated_rms_norm(&o, z, norm_w, s.value_dim, act, eps)
 }

@@ -175,6 +175,23 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 .recurrence_op();
             infer(&recurrence, &[inputs[0], gates[0], gates[1]], &[])
         }
+        Op::GdnNormedRecurrence { value_dim, .. } => {
+            // The gated recurrence over the first three inputs and the first two weights, then
+            // the output norm of its o with the gate z and the norm weight.
+            expect_inputs(inputs, 4)?;
+            expect_weights(weights, 3)?;
+            let gated = crate::ops::gdn::GdnShape::of(op)
+                .expect("a recurrence op")
+                .gated_recurrence_op();
+            let o = infer(&gated, &inputs[..3], &weights[..2])?;
+            infer(
+                &Op::GatedRmsNorm {
+                    head_dim: *value_dim,
+                },
+                &[o[0], inputs[3]],
+                &weights[2..],
+            )
+        }
         Op::GatedRmsNorm { head_dim } => {
             expect_inputs(inputs, 2)?;
             expect_weights(weights, 1)?;
@@ -423,5 +440,34 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(weights[0] == vec![*streams, w], || "inject weight".into())?;
             f(*streams)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The normed recurrence's rule is the gated recurrence's, then the output norm's: `o`'s
+    /// width out, and either part's mismatch refused.
+    #[test]
+    fn normed_recurrence_checks_both_parts() {
+        use ValueType::F32;
+        let op = Op::GdnNormedRecurrence {
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 8,
+            value_dim: 6,
+        };
+        let qkv = (F32, 2 * 2 * 8 + 4 * 6);
+        let (b, a, z) = ((F32, 4), (F32, 4), (F32, 4 * 6));
+        let weights = vec![vec![4], vec![4], vec![6]];
+        assert_eq!(infer(&op, &[qkv, b, a, z], &weights), Ok(vec![(F32, 24)]));
+        // z of another width, a norm weight of another length, a short qkv, a missing input.
+        assert!(infer(&op, &[qkv, b, a, (F32, 23)], &weights).is_err());
+        let wrong_norm = vec![vec![4], vec![4], vec![24]];
+        assert!(infer(&op, &[qkv, b, a, z], &wrong_norm).is_err());
+        assert!(infer(&op, &[(F32, 55), b, a, z], &weights).is_err());
+        assert!(infer(&op, &[qkv, b, a], &weights).is_err());
+        assert!(infer(&op, &[qkv, b, a, z], &weights[..2]).is_err());
     }
 }

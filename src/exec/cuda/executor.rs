@@ -1026,6 +1026,31 @@ fn launch_node<'v>(
             let y = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape);
             vec![DVal::F32 { rows, buf: y? }]
         }
+        Op::GdnNormedRecurrence { value_dim, .. } => {
+            let shape = GdnShape::of(&node.op).expect("a recurrence op");
+            let (qkv, rows) = arg(0).f32();
+            let (b, a, z) = (arg(1).f32().0, arg(2).f32().0, arg(3).f32().0);
+            let (a_log, dt_bias) = (weights.vector(w(0))?, weights.vector(w(1))?);
+            let norm_w = weights.vector(w(2))?;
+            let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
+            let st = f32_state(&mut bufs[0]);
+            let y = if gdn::normed_recurrence_fits(&shape) {
+                gdn::gdn_normed_recurrence(
+                    gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, sigmoid, eps,
+                )?
+            } else {
+                // A head wider than one block holds: the recurrence, then the norm.
+                let gates = gdn::GdnGates::Raw {
+                    b,
+                    a,
+                    a_log,
+                    dt_bias,
+                };
+                let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape)?;
+                layout::gated_rms_norm(gpu, &o, z, norm_w, *value_dim, sigmoid, eps)?
+            };
+            vec![DVal::F32 { rows, buf: y }]
+        }
         Op::GatedRmsNorm { head_dim } => {
             let (x, rows) = arg(0).f32();
             let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;

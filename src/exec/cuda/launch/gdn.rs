@@ -332,3 +332,114 @@ pub fn gdn_recurrence_with(
     launched(name, unsafe { b.launch(cfg) })?;
     Ok(out)
 }
+
+/// Must match GDNN_MAX_DV and GDNN_MAX_THREADS (and GDNW_MAX_DK, GDNW_COLS) in kernels/gdn.cu.
+const NORMED_MAX_DV: usize = 128;
+const NORMED_MAX_DK: usize = WARP_MAX_DK;
+
+/// Whether `gdn_normed_recurrence`'s kernel takes shape `s` (dk and dv up to 128: a block holds
+/// a whole head's state); the executor runs the recurrence and the norm apart otherwise.
+pub fn normed_recurrence_fits(s: &GdnShape) -> bool {
+    (1..=NORMED_MAX_DK).contains(&s.key_dim) && (1..=NORMED_MAX_DV).contains(&s.value_dim)
+}
+
+/// The gated recurrence with the output norm as its epilogue (`Op::GdnNormedRecurrence`,
+/// `ops::gdn::normed_recurrence`): over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with the
+/// gates formed from `b`, `a [rows, Vh]`, `a_log`, `dt_bias [Vh]` (as `gdn_gates`); `state [Vh,
+/// dk, dv]` is updated in place. Returns `y [rows, Vh*dv]`: each value head's `o` times
+/// `rsqrt(mean(o²) + eps) * norm_w * act(z)` (as `layout::gated_rms_norm`), `z [rows, Vh*dv]`,
+/// `norm_w [dv]`, `act` sigmoid when `sigmoid`, else silu. A block per value head: for
+/// decode-sized steps (the executor's fusion predicate keeps longer steps on the staged scan).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_normed_recurrence(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    b_in: &CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    norm_w: &CudaSlice<f32>,
+    state: &mut CudaSlice<f32>,
+    rows: usize,
+    s: &GdnShape,
+    sigmoid: bool,
+    eps: f32,
+) -> Result<Buf<f32>, CudaError> {
+    let name = "gdn_normed_recurrence_f32";
+    let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
+    shape(
+        name,
+        rows > 0
+            && rows <= i32::MAX as usize
+            && kh > 0
+            && vh.is_multiple_of(kh)
+            && vh <= i32::MAX as usize
+            && normed_recurrence_fits(s),
+        || {
+            format!(
+                "Kh {kh}, Vh {vh}, dk {dk} (at most {NORMED_MAX_DK}), dv {dv} (at most \
+                 {NORMED_MAX_DV}), rows {rows}"
+            )
+        },
+    )?;
+    let width = 2 * kh * dk + vh * dv;
+    shape(
+        name,
+        qkv.len() == rows * width
+            && b_in.len() == rows * vh
+            && a.len() == rows * vh
+            && a_log.len() == vh
+            && dt_bias.len() == vh
+            && z.len() == rows * vh * dv
+            && norm_w.len() == dv
+            && state.len() == vh * dk * dv,
+        || {
+            format!(
+                "rows {rows} of width {width}: qkv {}, b {}, a {}, A_log {}, dt_bias {}, z {}, \
+                 norm weight {}, state {} values (want rows*Vh for b and a, Vh for A_log and \
+                 dt_bias, rows*Vh*dv for z, dv for the weight, Vh*dk*dv for the state)",
+                qkv.len(),
+                b_in.len(),
+                a.len(),
+                a_log.len(),
+                dt_bias.len(),
+                z.len(),
+                norm_w.len(),
+                state.len()
+            )
+        },
+    )?;
+    let f = gpu.function("gdn.cu", name)?;
+    let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
+    let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
+    let sig = sigmoid as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (vh as u32, 1, 1),
+        block_dim: ((dv.div_ceil(WARP_COLS) * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *out)
+        .arg(&mut *state)
+        .arg(qkv)
+        .arg(b_in)
+        .arg(a)
+        .arg(a_log)
+        .arg(dt_bias)
+        .arg(z)
+        .arg(norm_w)
+        .arg(&r32)
+        .arg(&kh32)
+        .arg(&vh32)
+        .arg(&dk32)
+        .arg(&dv32)
+        .arg(&sig)
+        .arg(&eps);
+    // SAFETY: the lengths were checked above; block h touches only head h's state [dk, dv], o's
+    // and z's columns [h*dv, (h+1)*dv) and the gates of head h; dk ≤ 128 and dv ≤ 128, which the
+    // kernel's shared arrays (GDNW_MAX_DK rows, GDNN_MAX_DV columns) and its 16 rows x 2 columns
+    // a lane cover; blockDim 32*ceil(dv/8) ≤ GDNN_MAX_THREADS (its launch bound).
+    launched(name, unsafe { b.launch(cfg) })?;
+    Ok(out)
+}
