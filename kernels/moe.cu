@@ -401,49 +401,6 @@ extern "C" __global__ void moe_experts_gate_up_bf16(float* act, const float* x, 
     experts_gate_up<bf16_t>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
 }
 
-// The same products with a block per P rows of one slot (`_group_p{P}`): the block's threads
-// all along k (block_dots: U chunks of each of the 2P rows in flight per thread), as the dense
-// one-token linears (linear_group1) do, instead of a warp per row: many short blocks keep every
-// multiprocessor's loads in flight to the end. Block b: slot b / ceil(inter / P), rows
-// r0 .. r0 + P - 1; rows 2u and 2u + 1 of the block are the gate and up rows of row r0 + u.
-template <typename W, int P, int U>
-__device__ __forceinline__ void experts_gate_up_group(float* act, const float* x, const long long* ids,
-                                                      const W* gate_up, long slots, int top_k, long hidden,
-                                                      long inter, long experts) {
-    const long per_slot = (inter + P - 1) / P;
-    for (long b = blockIdx.x; b < slots * per_slot; b += gridDim.x) {
-        const long s = b / per_slot, r0 = (b - s * per_slot) * P;
-        const int here = (int)min((long)P, inter - r0);
-        const long long e = ids[s];  // the same for the whole block
-        if (e < 0 || e >= experts) {
-            if (threadIdx.x < here) act[s * inter + r0 + threadIdx.x] = MOE_NAN;
-            continue;
-        }
-        const W* base = gate_up + e * 2 * inter * hidden;
-        float sums[2 * P];
-        block_dots<W, 2 * P, U>(
-            x + (s / top_k) * hidden,
-            [&](int g) { return base + ((g & 1) * inter + r0 + (g >> 1)) * hidden; }, hidden, 2 * here, sums);
-        if (threadIdx.x == 0) {
-#pragma unroll
-            for (int u = 0; u < P; u++)
-                if (u < here) act[s * inter + r0 + u] = silu_f32(sums[2 * u]) * sums[2 * u + 1];
-        }
-    }
-}
-
-#define GATE_UP_GROUP_KERNEL(W, SUFFIX, P)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 5) moe_experts_gate_up_group_p##P##_##SUFFIX(            \
-        float* act, const float* x, const long long* ids, const W* gate_up, long slots, int top_k, long hidden, \
-        long inter, long experts) {                                                                            \
-        wait_for_producers();                                                                                  \
-        experts_gate_up_group<W, P, 2>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);           \
-    }
-GATE_UP_GROUP_KERNEL(float, f32, 1)
-GATE_UP_GROUP_KERNEL(float, f32, 2)
-GATE_UP_GROUP_KERNEL(bf16_t, bf16, 1)
-GATE_UP_GROUP_KERNEL(bf16_t, bf16, 2)
-
 // One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
 // this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of
 // DOWN_BATCH loads. Reduced over the group by the caller.

@@ -225,8 +225,8 @@ fn expert_shapes(
 /// `down [E, hidden, intermediate]`; f32 or bf16 weights (each matrix picks its own kernel).
 /// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
 ///
-/// Two launches: gate/up (a block per 2 rows of a slot, its threads along k: [`GateUp`]);
-/// down, one block per (token,
+/// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane
+/// (blocks of 4 warps, so that the work is even over the SMs); down, one block per (token,
 /// output row) whose warps read all of its slots at once (a few a warp: `down_lanes`), summed in
 /// slot order as the reference.
 #[allow(clippy::too_many_arguments)]
@@ -242,91 +242,8 @@ pub fn moe_experts(
     hidden: usize,
     intermediate: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    moe_experts_with(
-        gpu,
-        x,
-        ids,
-        w,
-        gate_up,
-        down,
-        rows,
-        top_k,
-        hidden,
-        intermediate,
-        GateUp::CHOSEN,
-    )
-}
-
-/// How the token-major gate/up kernel spreads its products (kernels/moe.cu).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateUp {
-    /// A warp per (slot, row): `moe_experts_gate_up_*`.
-    Warp,
-    /// A block per `P` rows of a slot, its threads along k: `moe_experts_gate_up_group_p{P}_*`.
-    Group(usize),
-}
-
-impl GateUp {
-    /// Every kernel, for the tests.
-    pub const ALL: [GateUp; 3] = [GateUp::Warp, GateUp::Group(1), GateUp::Group(2)];
-    /// The executor's.
-    pub const CHOSEN: GateUp = GateUp::Group(2);
-
-    fn kernel(self, gate_up: &DeviceMatrix) -> String {
-        match self {
-            GateUp::Warp => gate_up.kernel("moe_experts_gate_up"),
-            GateUp::Group(p) => gate_up.kernel(&format!("moe_experts_gate_up_group_p{p}")),
-        }
-    }
-
-    /// Grid and block for `slots` slots of `intermediate` rows over `hidden`.
-    fn launch(
-        self,
-        gate_up: &DeviceMatrix,
-        slots: usize,
-        hidden: usize,
-        intermediate: usize,
-    ) -> LaunchConfig {
-        let (blocks, threads) = match self {
-            GateUp::Warp => (
-                (slots * intermediate).div_ceil(EXPERT_WARPS),
-                EXPERT_WARPS * 32,
-            ),
-            GateUp::Group(p) => {
-                // Two chunks of each row a thread (the kernels' U): the fewest warps that take
-                // a row in one round, at most 8.
-                let chunks = hidden.div_ceil(gate_up.chunk_len());
-                (
-                    slots * intermediate.div_ceil(p),
-                    chunks.div_ceil(2).next_multiple_of(32).clamp(32, 256),
-                )
-            }
-        };
-        LaunchConfig {
-            grid_dim: (blocks.clamp(1, 65_535 * 8) as u32, 1, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-}
-
-/// [`moe_experts`] with the given gate/up kernel (the tests try each).
-#[allow(clippy::too_many_arguments)]
-pub fn moe_experts_with(
-    gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    ids: &CudaSlice<i64>,
-    w: &CudaSlice<f32>,
-    gate_up: &DeviceMatrix,
-    down: &DeviceMatrix,
-    rows: usize,
-    top_k: usize,
-    hidden: usize,
-    intermediate: usize,
-    gate_up_kernel: GateUp,
-) -> Result<Buf<f32>, CudaError> {
     let (gu_name, down_name) = (
-        gate_up_kernel.kernel(gate_up),
+        gate_up.kernel("moe_experts_gate_up"),
         down.kernel("moe_experts_down"),
     );
     let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
@@ -354,10 +271,21 @@ pub fn moe_experts_with(
         intermediate as i64,
         experts as i64,
     );
+    let block_dim = ((EXPERT_WARPS * 32) as u32, 1, 1);
 
     let f = gpu.function("moe.cu", gu_kernel)?;
     let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
-    let cfg = gate_up_kernel.launch(gate_up, slots, hidden, intermediate);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            (slots * intermediate)
+                .div_ceil(EXPERT_WARPS)
+                .min(65_535 * 8) as u32,
+            1,
+            1,
+        ),
+        block_dim,
+        shared_mem_bytes: 0,
+    };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
