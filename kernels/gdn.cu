@@ -218,50 +218,141 @@ struct GdnRawGates {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The same recurrence with a warp per 8 columns of a head's state (`_warp`, dk ≤ GDNW_MAX_DK),
-// the tokens' inputs staged in shared memory a chunk of GDNW_T tokens at a time. A many-token
-// scan is a chain of tokens; what lies on the chain is only the state's own arithmetic:
-//   - the block copies chunk c + 1's q, k, its v columns and gate inputs into `raw` (cp.async)
-//     while its warps run chunk c, then normalises q and k (a warp a token), forms the gates and
-//     copies v into the chunk buffers: two block barriers a chunk, none a token;
-//   - lane l holds 2 columns (pair l / 8 of the warp's 8) of 16 contiguous rows (group l % 8),
-//     so that a token costs a lane 4 float4 reads of k and 4 of q (rows padded by 4 floats every
-//     16: a quarter warp's 8 row groups land in different banks) instead of 64 scalar reads;
-//     (Sᵀk)_j and (Sᵀq)_j are summed over the lane's rows in two partial sums a column, then
-//     over the 8 lanes of the column pair by a reduce-scatter (lane bit 2 keeps one column of
-//     the pair: one shuffle, then two): 3 shuffles, and one more to share u within the pair.
-// Rows ≥ dk hold zeros in the state and in the staged q and k, so they add nothing; columns
-// ≥ dv get u = 0 and are never stored.
-#define GDNW_COLS 8
-#define GDNW_ROWS 16
-#define GDNW_GROUPS 8
-#define GDNW_MAX_DK (GDNW_GROUPS * GDNW_ROWS)
+// The warp layouts (dk ≤ GDNW_MAX_DK). A lane holds 2 columns x ROWS contiguous rows of a head's
+// state: its row group is lane % GROUPS (GROUPS = GDNW_MAX_DK / ROWS), its column pair lane /
+// GROUPS, so a warp holds 2 · 32 / GROUPS columns. A token costs a lane ROWS / 4 float4 reads of
+// k and of q from rows staged with 4 floats of padding after each group (a quarter warp's 8 row
+// groups land in different banks); (Sᵀk)_j and (Sᵀq)_j are summed over the lane's rows in two
+// partial sums a column, then over the GROUPS lanes of the column pair by a reduce-scatter (the
+// lane bit GROUPS / 2 keeps one column of the pair: one shuffle, then log2(GROUPS) - 1), and one
+// more shuffle shares u within the pair. Rows ≥ dk hold zeros in the state and in the staged q
+// and k, so they add nothing; columns ≥ dv get u = 0 and are never stored.
+#define GDNW_MAX_DK 128
+
+template <int GROUPS>
+struct GdnLanes {
+    static constexpr int ROWS = GDNW_MAX_DK / GROUPS;
+    static constexpr int COLS = 2 * (32 / GROUPS);           // a warp's columns
+    static constexpr int STRIDE = GDNW_MAX_DK + 4 * GROUPS;  // a staged q or k row
+    __device__ static int pad(int r) { return r + (r / ROWS) * 4; }
+
+    // The sum over the row groups of column a (lanes with bit GROUPS / 2 clear) or b (set).
+    __device__ static float reduce_pair(float a, float b, bool high) {
+        float keep = high ? b : a;
+        keep += __shfl_xor_sync(0xffffffffu, high ? a : b, GROUPS / 2);
+#pragma unroll
+        for (int off = GROUPS / 4; off > 0; off >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, off);
+        return keep;
+    }
+
+    // One token of the delta rule on the lane's columns s0, s1 (its rows from r0): decay, u from
+    // (Sᵀk) (`v_mine`: v of the column this lane reduces; `mine`: that column is < dv), the
+    // rank-1 update; returns (Sᵀq) of that column (the same in the GROUPS / 2 lanes that share
+    // it). kn, qn: the token's staged k and q rows.
+    __device__ static float step(float* s0, float* s1, const float* kn, const float* qn, int r0, float decay,
+                                 float beta, float v_mine, bool mine, bool high) {
+        const float4* k4 = (const float4*)&kn[pad(r0)];
+        const float4* q4 = (const float4*)&qn[pad(r0)];
+        float k[ROWS];
+#pragma unroll
+        for (int m = 0; m < ROWS / 4; m++) {
+            const float4 v = k4[m];
+            k[4 * m] = v.x;
+            k[4 * m + 1] = v.y;
+            k[4 * m + 2] = v.z;
+            k[4 * m + 3] = v.w;
+        }
+        float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            s0[i] *= decay;
+            s1[i] *= decay;
+            pa[i & 1] += s0[i] * k[i];
+            pb[i & 1] += s1[i] * k[i];
+        }
+        const float sk = reduce_pair(pa[0] + pa[1], pb[0] + pb[1], high);
+        const float u_mine = mine ? (v_mine - sk) * beta : 0.0f;
+        const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, GROUPS / 2);
+        const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
+        float q[ROWS];
+#pragma unroll
+        for (int m = 0; m < ROWS / 4; m++) {
+            const float4 v = q4[m];
+            q[4 * m] = v.x;
+            q[4 * m + 1] = v.y;
+            q[4 * m + 2] = v.z;
+            q[4 * m + 3] = v.w;
+        }
+        float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            s0[i] += k[i] * u0;
+            s1[i] += k[i] * u1;
+            oa[i & 1] += s0[i] * q[i];
+            ob[i & 1] += s1[i] * q[i];
+        }
+        return reduce_pair(oa[0] + oa[1], ob[0] + ob[1], high);
+    }
+
+    // A token's q (or k) of one key head, l2-normalised by the warp (times `scale`) into a staged
+    // row; channels ≥ dk are zero.
+    __device__ static void stage_normalised(float* dst, const float* src, int dk, float scale, int lane) {
+        float x[GDNW_MAX_DK / 32], ss = 0.0f;
+#pragma unroll
+        for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
+            const int c = lane + 32 * m;
+            x[m] = c < dk ? src[c] : 0.0f;
+            ss += x[m] * x[m];
+        }
+        const float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
+#pragma unroll
+        for (int m = 0; m < GDNW_MAX_DK / 32; m++) dst[pad(lane + 32 * m)] = x[m] * inv * scale;
+    }
+
+    __device__ static void load_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            const bool row = r0 + i < dk;
+            s0[i] = (row && j < dv) ? S[(long)(r0 + i) * dv + j] : 0.0f;
+            s1[i] = (row && j + 1 < dv) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+        }
+    }
+
+    __device__ static void store_state(const float* s0, const float* s1, float* S, int r0, int j, int dk, int dv) {
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            if (r0 + i < dk) {
+                if (j < dv) S[(long)(r0 + i) * dv + j] = s0[i];
+                if (j + 1 < dv) S[(long)(r0 + i) * dv + j + 1] = s1[i];
+            }
+        }
+    }
+};
+
+// The many-token scan (`_warp`): a block per (value head, GDNW_WARPS · COLS columns), the tokens'
+// inputs staged in shared memory a chunk of GDNW_T tokens at a time. A many-token scan is a chain
+// of tokens; what lies on the chain is only the state's own arithmetic: the block copies chunk
+// c + 1's q, k, its v columns and gate inputs into `raw` (cp.async, 16 bytes where the rows
+// allow) while its warps run chunk c, then normalises q and k (a warp a token), forms the gates
+// and copies v into the chunk buffers: two block barriers a chunk, none a token. Lanes of 8 rows
+// (16 row groups, 4 columns a warp): twice the warps of 16-row lanes, each with half the chain a
+// token (the scan is latency-bound: ncu, results/2026-11-30-ncu-gdn-staged-prefill.log).
+#define GDNW_GROUPS 16
 #define GDNW_WARPS 4
 #define GDNW_T 16
-// A staged q or k row: GDNW_MAX_DK floats, 4 floats of padding after each group of 16.
-#define GDNW_PAD(r) ((r) + ((r) / GDNW_ROWS) * 4)
-#define GDNW_STRIDE GDNW_PAD(GDNW_MAX_DK)
-
-// The sum over the 8 row groups (lane bits 0-2) of column a (lanes with bit 2 clear) or b (set).
-__device__ __forceinline__ float gdnw_reduce_pair(float a, float b, bool high) {
-    float keep = high ? b : a;
-    keep += __shfl_xor_sync(0xffffffffu, high ? a : b, 4);
-    keep += __shfl_xor_sync(0xffffffffu, keep, 2);
-    keep += __shfl_xor_sync(0xffffffffu, keep, 1);
-    return keep;
-}
 
 template <typename Gates>
 __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, const float* qkv, Gates gates, int rows,
                                                     int key_heads, int value_heads, int dk, int dv) {
-    constexpr int BCOLS = GDNW_WARPS * GDNW_COLS;
+    using L = GdnLanes<GDNW_GROUPS>;
+    constexpr int BCOLS = GDNW_WARPS * L::COLS;
     // Chunk c + 1 as it arrives.
-    __shared__ float raw_qk[GDNW_T][2 * GDNW_MAX_DK];
-    __shared__ float raw_v[GDNW_T][BCOLS];
+    __shared__ __align__(16) float raw_qk[GDNW_T][2 * GDNW_MAX_DK];
+    __shared__ __align__(16) float raw_v[GDNW_T][BCOLS];
     __shared__ float raw_g[GDNW_T][2];
     // Chunk c as the warps read it.
-    __shared__ __align__(16) float qn[GDNW_T][GDNW_STRIDE];
-    __shared__ __align__(16) float kn[GDNW_T][GDNW_STRIDE];
+    __shared__ __align__(16) float qn[GDNW_T][L::STRIDE];
+    __shared__ __align__(16) float kn[GDNW_T][L::STRIDE];
     __shared__ float vs[GDNW_T][BCOLS];
     __shared__ float beta_s[GDNW_T], decay_s[GDNW_T];
 
@@ -269,36 +360,49 @@ __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, co
     const int h = blockIdx.x;
     const int kh = h / (value_heads / key_heads);
     const int jb = blockIdx.y * BCOLS;  // the block's first column
-    const int group = lane % GDNW_GROUPS, r0 = group * GDNW_ROWS;
-    const bool high = (lane & 4) != 0;  // which column of the pair this lane reduces and stores
-    const int jl = warp * GDNW_COLS + (lane / GDNW_GROUPS) * 2;  // the pair's first column in the block
+    const int r0 = (lane % GDNW_GROUPS) * L::ROWS;
+    const bool high = (lane & (GDNW_GROUPS / 2)) != 0;  // which column of the pair this lane reduces and stores
+    const int jl = warp * L::COLS + (lane / GDNW_GROUPS) * 2;  // the pair's first column in the block
     const int j = jb + jl;
-    const bool col0 = j < dv, col1 = j + 1 < dv, mine = high ? col1 : col0;
+    const bool mine = j + (high ? 1 : 0) < dv;
     const int bcols = min(BCOLS, dv - jb);
     const long key_dim = (long)key_heads * dk;
     const long width = 2 * key_dim + (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     float* S = state + (long)h * dk * dv;
+    // 16-byte copies where every row and offset is whole float4s.
+    const bool quads = dk % 4 == 0 && dv % 4 == 0 && width % 4 == 0 && bcols % 4 == 0 &&
+                       (reinterpret_cast<unsigned long long>(qkv) & 15) == 0;
 
-    float s0[GDNW_ROWS], s1[GDNW_ROWS];
-#pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        const bool row = r0 + i < dk;
-        s0[i] = (row && col0) ? S[(long)(r0 + i) * dv + j] : 0.0f;
-        s1[i] = (row && col1) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
-    }
+    float s0[L::ROWS], s1[L::ROWS];
+    L::load_state(s0, s1, S, r0, j, dk, dv);
 
     // Chunk [t0, t0 + n) into raw_*: q and k of key head kh, the block's v columns, the gate
     // inputs of head h.
     const auto fetch = [&](int t0, int n) {
-        for (int e = tid; e < n * 2 * dk; e += blockDim.x) {
-            const int tok = e / (2 * dk), c = e - tok * 2 * dk;
-            const float* row = qkv + (long)(t0 + tok) * width;
-            cp_async4(&raw_qk[tok][c], row + (c < dk ? kh * dk + c : key_dim + kh * dk + (c - dk)));
-        }
-        for (int e = tid; e < n * bcols; e += blockDim.x) {
-            const int tok = e / bcols, c = e - tok * bcols;
-            cp_async4(&raw_v[tok][c], qkv + (long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + jb + c);
+        if (quads) {
+            const int qk4 = dk / 2, v4 = bcols / 4;  // float4s a token: q and k, v
+            for (int e = tid; e < n * qk4; e += blockDim.x) {
+                const int tok = e / qk4, c = 4 * (e - tok * qk4);
+                const float* row = qkv + (long)(t0 + tok) * width;
+                cp_async16(shared_addr(&raw_qk[tok][c]), row + (c < dk ? kh * dk + c : key_dim + kh * dk + (c - dk)),
+                           true);
+            }
+            for (int e = tid; e < n * v4; e += blockDim.x) {
+                const int tok = e / v4, c = 4 * (e - tok * v4);
+                cp_async16(shared_addr(&raw_v[tok][c]),
+                           qkv + (long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + jb + c, true);
+            }
+        } else {
+            for (int e = tid; e < n * 2 * dk; e += blockDim.x) {
+                const int tok = e / (2 * dk), c = e - tok * 2 * dk;
+                const float* row = qkv + (long)(t0 + tok) * width;
+                cp_async4(&raw_qk[tok][c], row + (c < dk ? kh * dk + c : key_dim + kh * dk + (c - dk)));
+            }
+            for (int e = tid; e < n * bcols; e += blockDim.x) {
+                const int tok = e / bcols, c = e - tok * bcols;
+                cp_async4(&raw_v[tok][c], qkv + (long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + jb + c);
+            }
         }
         for (int e = tid; e < 2 * n; e += blockDim.x) {
             const long i = (long)(t0 + e / 2) * value_heads + h;
@@ -314,22 +418,8 @@ __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, co
         cp_async_wait_all();
         __syncthreads();
         for (int tok = warp; tok < n; tok += GDNW_WARPS) {
-            float qv[GDNW_MAX_DK / 32], kv[GDNW_MAX_DK / 32], sq = 0.0f, sk = 0.0f;
-#pragma unroll
-            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
-                const int c = lane + 32 * m;
-                qv[m] = c < dk ? raw_qk[tok][c] : 0.0f;
-                kv[m] = c < dk ? raw_qk[tok][dk + c] : 0.0f;
-                sq += qv[m] * qv[m];
-                sk += kv[m] * kv[m];
-            }
-            const float inv_q = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), inv_k = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
-#pragma unroll
-            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
-                const int c = lane + 32 * m;
-                qn[tok][GDNW_PAD(c)] = qv[m] * inv_q * scale;
-                kn[tok][GDNW_PAD(c)] = kv[m] * inv_k;
-            }
+            L::stage_normalised(qn[tok], raw_qk[tok], dk, scale, lane);
+            L::stage_normalised(kn[tok], raw_qk[tok] + dk, dk, 1.0f, lane);
         }
         for (int e = tid; e < n * BCOLS; e += blockDim.x) {
             const int tok = e / BCOLS, c = e - tok * BCOLS;
@@ -344,66 +434,16 @@ __device__ __forceinline__ void gdn_recurrence_warp(float* out, float* state, co
         __syncthreads();
         // raw_* are free: the next chunk's copies run under this chunk's tokens.
         if (t0 + GDNW_T < rows) fetch(t0 + GDNW_T, min(GDNW_T, rows - t0 - GDNW_T));
-        if (jb + warp * GDNW_COLS < dv) {
+        if (jb + warp * L::COLS < dv) {
             for (int tok = 0; tok < n; tok++) {
-                const float4* k4 = (const float4*)&kn[tok][GDNW_PAD(r0)];
-                const float4* q4 = (const float4*)&qn[tok][GDNW_PAD(r0)];
-                float k[GDNW_ROWS];
-#pragma unroll
-                for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                    const float4 v = k4[m];
-                    k[4 * m] = v.x;
-                    k[4 * m + 1] = v.y;
-                    k[4 * m + 2] = v.z;
-                    k[4 * m + 3] = v.w;
-                }
-                const float decay = decay_s[tok];
-                // 1. Decay, and (Sᵀk) for both columns.
-                float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int i = 0; i < GDNW_ROWS; i++) {
-                    s0[i] *= decay;
-                    s1[i] *= decay;
-                    pa[i & 1] += s0[i] * k[i];
-                    pb[i & 1] += s1[i] * k[i];
-                }
-                const float sk = gdnw_reduce_pair(pa[0] + pa[1], pb[0] + pb[1], high);
-                // 2. u for this lane's column, then both of the pair.
-                const float u_mine = mine ? (vs[tok][jl + (high ? 1 : 0)] - sk) * beta_s[tok] : 0.0f;
-                const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, 4);
-                const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
-                // 3. The rank-1 update and (Sᵀq) for both columns.
-                float q[GDNW_ROWS];
-#pragma unroll
-                for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                    const float4 v = q4[m];
-                    q[4 * m] = v.x;
-                    q[4 * m + 1] = v.y;
-                    q[4 * m + 2] = v.z;
-                    q[4 * m + 3] = v.w;
-                }
-                float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int i = 0; i < GDNW_ROWS; i++) {
-                    s0[i] += k[i] * u0;
-                    s1[i] += k[i] * u1;
-                    oa[i & 1] += s0[i] * q[i];
-                    ob[i & 1] += s1[i] * q[i];
-                }
-                const float o = gdnw_reduce_pair(oa[0] + oa[1], ob[0] + ob[1], high);
-                if ((lane & 3) == 0 && mine)
+                const float o = L::step(s0, s1, kn[tok], qn[tok], r0, decay_s[tok], beta_s[tok],
+                                        vs[tok][jl + (high ? 1 : 0)], mine, high);
+                if ((lane & (GDNW_GROUPS / 2 - 1)) == 0 && mine)
                     out[(long)(t0 + tok) * value_heads * dv + (long)h * dv + j + (high ? 1 : 0)] = o;
             }
         }
     }
-
-#pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        if (r0 + i < dk) {
-            if (col0) S[(long)(r0 + i) * dv + j] = s0[i];
-            if (col1) S[(long)(r0 + i) * dv + j + 1] = s1[i];
-        }
-    }
+    L::store_state(s0, s1, S, r0, j, dk, dv);
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_THREADS)
@@ -440,10 +480,10 @@ extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
 
 // ---------------------------------------------------------------------------------------------
 // The gated recurrence with the output norm as its epilogue (`Op::GdnNormedRecurrence`, decode-
-// sized steps): one block per value head, a warp per 8 columns of its state (blockDim.x =
-// 32 · ceil(dv / 8), dv ≤ GDNN_MAX_DV, dk ≤ GDNW_MAX_DK), the lanes laid out as in
-// gdn_recurrence_warp (2 columns x 16 rows a lane, gdnw_reduce_pair). The norm needs the head's
-// dv outputs of a token together, hence the whole head in one block. Tokens go GDNN_T at a time:
+// sized steps): one block per value head, a warp per 8 columns of its state (GdnLanes<8>: 2
+// columns x 16 rows a lane; blockDim.x = 32 · ceil(dv / 8), dv ≤ GDNN_MAX_DV, dk ≤ GDNW_MAX_DK).
+// The norm needs the head's dv outputs of a token together, hence the whole head in one block.
+// Tokens go GDNN_T at a time:
 //   1. (barrier) the chunk's q and k normalised into shared memory (a warp a token's q or k),
 //      its v columns copied, its gates formed from b, a (GdnRawGates);
 //   2. (barrier) each warp runs the chunk's tokens over its columns; o goes to shared memory;
@@ -451,8 +491,9 @@ extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
 //      out = o · rsqrt(mean + eps) · w · act(z), as gated_rms_norm_reference_f32 (kernels/layout.cu).
 // Every shared buffer is written only past a barrier that follows its last reads: qn, kn, vs and
 // the gates (read in 2) and os (read in 3) are next written in 1 and 2 of the next chunk.
+#define GDNN_GROUPS 8
 #define GDNN_MAX_DV 128
-#define GDNN_MAX_THREADS (GDNN_MAX_DV / GDNW_COLS * 32)
+#define GDNN_MAX_THREADS (GDNN_MAX_DV / (2 * 32 / GDNN_GROUPS) * 32)
 #define GDNN_T 8
 
 extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
@@ -460,8 +501,9 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
                               const float* a_log, const float* dt_bias, const float* z, const float* norm_w, int rows,
                               int key_heads, int value_heads, int dk, int dv, int use_sigmoid, float eps) {
     wait_for_producers();
-    __shared__ __align__(16) float qn[GDNN_T][GDNW_STRIDE];
-    __shared__ __align__(16) float kn[GDNN_T][GDNW_STRIDE];
+    using L = GdnLanes<GDNN_GROUPS>;
+    __shared__ __align__(16) float qn[GDNN_T][L::STRIDE];
+    __shared__ __align__(16) float kn[GDNN_T][L::STRIDE];
     __shared__ float vs[GDNN_T][GDNN_MAX_DV];
     __shared__ float os[GDNN_T][GDNN_MAX_DV];
     __shared__ float beta_s[GDNN_T], decay_s[GDNN_T];
@@ -470,49 +512,30 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int h = blockIdx.x;
     const int kh = h / (value_heads / key_heads);
-    const int group = lane % GDNW_GROUPS, r0 = group * GDNW_ROWS;
-    const bool high = (lane & 4) != 0;  // which column of the pair this lane reduces and stores
-    const int j = warp * GDNW_COLS + (lane / GDNW_GROUPS) * 2;  // the pair's first column
-    const bool col0 = j < dv, col1 = j + 1 < dv, mine = high ? col1 : col0;
+    const int r0 = (lane % GDNN_GROUPS) * L::ROWS;
+    const bool high = (lane & (GDNN_GROUPS / 2)) != 0;  // which column of the pair this lane reduces and stores
+    const int j = warp * L::COLS + (lane / GDNN_GROUPS) * 2;  // the pair's first column
+    const int jm = j + (high ? 1 : 0);                        // the column this lane reduces
+    const bool mine = jm < dv;
     const long key_dim = (long)key_heads * dk;
     const long width = 2 * key_dim + (long)value_heads * dv;
     const long out_width = (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     float* S = state + (long)h * dk * dv;
 
-    float s0[GDNW_ROWS], s1[GDNW_ROWS];
-#pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        const bool row = r0 + i < dk;
-        s0[i] = (row && col0) ? S[(long)(r0 + i) * dv + j] : 0.0f;
-        s1[i] = (row && col1) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
-    }
+    float s0[L::ROWS], s1[L::ROWS];
+    L::load_state(s0, s1, S, r0, j, dk, dv);
 
     for (int t0 = 0; t0 < rows; t0 += GDNN_T) {
         const int n = min(GDNN_T, rows - t0);
         __syncthreads();
-        // 1. q (even tasks) and k (odd) of each token, l2-normalised, q also scaled; rows ≥ dk
-        // zero. The v columns of head h, and the gates.
+        // 1. q (even tasks) and k (odd) of each token, l2-normalised, q also scaled. The v
+        // columns of head h, and the gates.
         for (int e = warp; e < 2 * n; e += warps) {
             const int tok = e >> 1;
             const bool is_k = (e & 1) != 0;
             const float* src = qkv + (long)(t0 + tok) * width + (is_k ? key_dim : 0) + (long)kh * dk;
-            float x[GDNW_MAX_DK / 32], ss = 0.0f;
-#pragma unroll
-            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
-                const int c = lane + 32 * m;
-                x[m] = c < dk ? src[c] : 0.0f;
-                ss += x[m] * x[m];
-            }
-            const float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
-#pragma unroll
-            for (int m = 0; m < GDNW_MAX_DK / 32; m++) {
-                const int c = GDNW_PAD(lane + 32 * m);
-                if (is_k)
-                    kn[tok][c] = x[m] * inv;
-                else
-                    qn[tok][c] = x[m] * inv * scale;
-            }
+            L::stage_normalised(is_k ? kn[tok] : qn[tok], src, dk, is_k ? 1.0f : scale, lane);
         }
         for (int e = tid; e < n * dv; e += blockDim.x) {
             const int tok = e / dv, c = e - tok * dv;
@@ -525,51 +548,11 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
             decay_s[tid] = expf(gt);
         }
         __syncthreads();
-        // 2. The recurrence over this warp's columns (as gdn_recurrence_warp); o into os.
+        // 2. The recurrence over this warp's columns; o into os.
         for (int tok = 0; tok < n; tok++) {
-            const float4* k4 = (const float4*)&kn[tok][GDNW_PAD(r0)];
-            const float4* q4 = (const float4*)&qn[tok][GDNW_PAD(r0)];
-            float k[GDNW_ROWS];
-#pragma unroll
-            for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                const float4 v = k4[m];
-                k[4 * m] = v.x;
-                k[4 * m + 1] = v.y;
-                k[4 * m + 2] = v.z;
-                k[4 * m + 3] = v.w;
-            }
-            const float decay = decay_s[tok];
-            float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < GDNW_ROWS; i++) {
-                s0[i] *= decay;
-                s1[i] *= decay;
-                pa[i & 1] += s0[i] * k[i];
-                pb[i & 1] += s1[i] * k[i];
-            }
-            const float sk = gdnw_reduce_pair(pa[0] + pa[1], pb[0] + pb[1], high);
-            const float u_mine = mine ? (vs[tok][j + (high ? 1 : 0)] - sk) * beta_s[tok] : 0.0f;
-            const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, 4);
-            const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
-            float q[GDNW_ROWS];
-#pragma unroll
-            for (int m = 0; m < GDNW_ROWS / 4; m++) {
-                const float4 v = q4[m];
-                q[4 * m] = v.x;
-                q[4 * m + 1] = v.y;
-                q[4 * m + 2] = v.z;
-                q[4 * m + 3] = v.w;
-            }
-            float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < GDNW_ROWS; i++) {
-                s0[i] += k[i] * u0;
-                s1[i] += k[i] * u1;
-                oa[i & 1] += s0[i] * q[i];
-                ob[i & 1] += s1[i] * q[i];
-            }
-            const float o = gdnw_reduce_pair(oa[0] + oa[1], ob[0] + ob[1], high);
-            if ((lane & 3) == 0 && mine) os[tok][j + (high ? 1 : 0)] = o;
+            const float o = L::step(s0, s1, kn[tok], qn[tok], r0, decay_s[tok], beta_s[tok], mine ? vs[tok][jm] : 0.0f,
+                                    mine, high);
+            if ((lane & (GDNN_GROUPS / 2 - 1)) == 0 && mine) os[tok][jm] = o;
         }
         __syncthreads();
         // 3. The norm of each token's dv outputs, a warp a token.
@@ -594,12 +577,5 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
             }
         }
     }
-
-#pragma unroll
-    for (int i = 0; i < GDNW_ROWS; i++) {
-        if (r0 + i < dk) {
-            if (col0) S[(long)(r0 + i) * dv + j] = s0[i];
-            if (col1) S[(long)(r0 + i) * dv + j + 1] = s1[i];
-        }
-    }
+    L::store_state(s0, s1, S, r0, j, dk, dv);
 }

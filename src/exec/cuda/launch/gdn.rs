@@ -205,24 +205,27 @@ pub enum GdnLayout {
     /// A block per (head, 32 columns), a warp per 32 rows: four block barriers a token; dk up to
     /// 512.
     Block,
-    /// A warp per (head, 8 columns), each lane a column's dk/4 rows: no block barrier, two
-    /// shuffles per reduction; dk up to 128 (`GDNW_MAX_DK`).
+    /// A warp per (head, 4 columns), each lane 2 columns x 8 rows (kernels/gdn.cu `GdnLanes<16>`),
+    /// the tokens staged a chunk at a time: no block barrier a token; dk up to 128
+    /// (`GDNW_MAX_DK`).
     WarpColumns,
 }
 
-/// Must match GDN_COLS, GDN_MAX_THREADS (Block) and GDNW_COLS, GDNW_WARPS, GDNW_MAX_DK
-/// (WarpColumns) in kernels/gdn.cu.
+/// Must match GDN_COLS, GDN_MAX_THREADS (Block) and GdnLanes<GDNW_GROUPS>::COLS, GDNW_WARPS,
+/// GDNW_MAX_DK (WarpColumns) in kernels/gdn.cu.
 const BLOCK_COLS: usize = 32;
 const BLOCK_MAX_DK: usize = 512;
-const WARP_COLS: usize = 8;
+const WARP_COLS: usize = 4;
 const WARPS_PER_BLOCK: usize = 4;
+/// Columns a warp of the normed kernel holds (GDNN_GROUPS 8: 2 x 32 / 8).
+const NORMED_WARP_COLS: usize = 8;
 const WARP_MAX_DK: usize = 128;
 
 impl GdnLayout {
     /// Both layouts, for the tests.
     pub const ALL: [GdnLayout; 2] = [GdnLayout::Block, GdnLayout::WarpColumns];
 
-    /// The layout the executor takes: a warp per 8 columns where dk allows.
+    /// The layout the executor takes: a warp per 4 columns where dk allows.
     pub fn for_shape(s: &GdnShape) -> GdnLayout {
         if s.key_dim <= WARP_MAX_DK {
             GdnLayout::WarpColumns
@@ -326,7 +329,7 @@ pub fn gdn_recurrence_with(
     }
     b.arg(&r32).arg(&kh32).arg(&vh32).arg(&dk32).arg(&dv32);
     // SAFETY: the lengths were checked above; block (h, c) touches only state rows of head h and
-    // its own columns (Block: [32c, 32c+32); WarpColumns: 8 a warp from 32c) ∩ [0, dv), and o's
+    // its own columns (Block: [32c, 32c+32); WarpColumns: 4 a warp from 16c) ∩ [0, dv), and o's
     // columns of the same; dk is at most the layout's bound, which the kernel's shared arrays
     // and registers cover (Block: blockDim 32*ceil(dk/32) ≤ GDN_MAX_THREADS).
     launched(name, unsafe { b.launch(cfg) })?;
@@ -416,7 +419,7 @@ pub fn gdn_normed_recurrence(
     let sig = sigmoid as i32;
     let cfg = LaunchConfig {
         grid_dim: (vh as u32, 1, 1),
-        block_dim: ((dv.div_ceil(WARP_COLS) * 32) as u32, 1, 1),
+        block_dim: ((dv.div_ceil(NORMED_WARP_COLS) * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
