@@ -457,10 +457,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_mma64_bf16(float* y, co
     linear_mma<2, 2, 2, 4>(y, x, w, tokens, k, n);
 }
 
-// 128 tokens x 64 outputs, 8 warps (4 x 2), each 32 x 32; 40 KB of shared memory: each weight
-// tile staged once serves twice the tokens of linear_mma64 (the `mma128` variant).
-extern "C" __global__ void __launch_bounds__(256) linear_mma128_bf16(float* y, const float* x, const bf16_t* w,
-                                                                     long tokens, long k, long n) {
+// 64 tokens x 128 outputs, 8 warps (2 x 4), each 32 x 32; 32 KB of shared memory: each staged
+// activation tile (f32, split into hi and lo) serves twice the outputs of linear_mma64 (the
+// `mma_wide` variant). (128 tokens x 64 outputs, which shares the weight tiles instead, was
+// slower: results/2026-11-30-bench-layers8-mma128.log.)
+extern "C" __global__ void __launch_bounds__(256) linear_mma_wide_bf16(float* y, const float* x, const bf16_t* w,
+                                                                       long tokens, long k, long n) {
     wait_for_producers();
-    linear_mma<4, 2, 2, 4>(y, x, w, tokens, k, n);
+    linear_mma<2, 4, 2, 4>(y, x, w, tokens, k, n);
 }

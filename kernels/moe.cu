@@ -750,14 +750,19 @@ __device__ __forceinline__ void em_store_pair(float* y, int s, long n, long c, f
     }
 }
 
+// 64 slots x 128 outputs a block (8 warps of 32 x 32): each block stages its tile's activation
+// rows (f32, split into bf16 hi and lo) once per 128 outputs; with 64 they were staged 20 times
+// for a tile's 1280 gate/up outputs and 40 for its 2560 down outputs, and the activation
+// traffic, not the weights, held the kernels to ~43% of the copy rate (ncu:
+// results/2026-11-30-ncu-moe-expert-major-mma.log).
 #define EM_MMA_WARPS_M 2
-#define EM_MMA_WARPS_N 2
+#define EM_MMA_WARPS_N 4
 #define EM_MMA_MT 2
 #define EM_MMA_NT 4
 #define EM_MMA_BN (EM_MMA_WARPS_N * EM_MMA_NT * 8)
 static_assert(EM_MMA_WARPS_M * EM_MMA_MT * 16 == EM_TILE, "a tensor-core tile holds one tile of slots");
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
     moe_experts_expert_major_gate_up_mma_bf16(float* gu, const float* x, const int* order, const int* tiles,
                                               const bf16_t* gate_up, int top_k, long hidden, long inter) {
     wait_for_producers();
@@ -770,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(128)
         [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
     moe_experts_expert_major_down_mma_bf16(float* out, const float* gu, const int* order, const int* tiles,
                                            const bf16_t* down, long hidden, long inter) {
     wait_for_producers();

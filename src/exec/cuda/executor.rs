@@ -852,14 +852,14 @@ fn launch_node<'v>(
                 "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
                 // Tensor cores for bf16 weights with k % 8 == 0; linear_tiled otherwise.
                 "mma" => launch::linear_mma(gpu, x, m, rows, k, n)?,
-                "mma128" => launch::linear::linear_mma_with(
+                "mma_wide" => launch::linear::linear_mma_with(
                     gpu,
                     x,
                     m,
                     rows,
                     k,
                     n,
-                    launch::linear::MmaTile::T128,
+                    launch::linear::MmaTile::Wide,
                 )?,
                 _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
             };

@@ -29,7 +29,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
     match kind {
         // One warp per output row, up to 8 tokens per pass (decode); shared-memory tiles (prefill);
         // tensor-core tiles of 64 or 128 tokens (prefill, bf16 weights; `tiled` otherwise).
-        "linear" => &["rows", "tiled", "mma", "mma128"],
+        "linear" => &["rows", "tiled", "mma", "mma_wide"],
         // Token-major: each slot reads its expert (decode); expert-major: slots grouped by
         // expert on the device, each expert read once per tile of its slots (prefill).
         "moe_experts" => &["token_major", "expert_major"],

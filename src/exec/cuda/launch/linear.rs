@@ -359,19 +359,19 @@ pub fn linear_tiled(
 pub enum MmaTile {
     /// 64 x 64, 4 warps (`linear_mma64_bf16`; the `mma` variant).
     T64,
-    /// 128 x 64, 8 warps (`linear_mma128_bf16`; the `mma128` variant): each staged weight tile
-    /// serves twice the tokens.
-    T128,
+    /// 64 x 128, 8 warps (`linear_mma_wide_bf16`; the `mma_wide` variant): each staged
+    /// activation tile serves twice the outputs.
+    Wide,
 }
 
 impl MmaTile {
-    pub const ALL: [MmaTile; 2] = [MmaTile::T64, MmaTile::T128];
+    pub const ALL: [MmaTile; 2] = [MmaTile::T64, MmaTile::Wide];
 
     /// Kernel, tokens and outputs a block, threads.
     fn geometry(self) -> (&'static str, usize, usize, u32) {
         match self {
             MmaTile::T64 => ("linear_mma64_bf16", 64, 64, 128),
-            MmaTile::T128 => ("linear_mma128_bf16", 128, 64, 256),
+            MmaTile::Wide => ("linear_mma_wide_bf16", 64, 128, 256),
         }
     }
 }

@@ -326,10 +326,10 @@ pub fn moe_experts(
 /// Slots per tile of the expert-major kernels (`EM_TILE`): each expert's weights are read once
 /// per tile of its slots.
 const EM_TILE: usize = 64;
-/// Outputs and threads of a block of the tensor-core expert-major kernels (`EM_MMA_BN`, 2 x 2
+/// Outputs and threads of a block of the tensor-core expert-major kernels (`EM_MMA_BN`, 2 x 4
 /// warps in kernels/moe.cu).
-const EM_MMA_OUTPUTS: usize = 64;
-const EM_MMA_THREADS: u32 = 128;
+const EM_MMA_OUTPUTS: usize = 128;
+const EM_MMA_THREADS: u32 = 256;
 /// Threads of the expert-major grouping kernel (one block).
 const EM_GROUP_THREADS: u32 = 1024;
 
