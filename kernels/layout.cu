@@ -29,6 +29,21 @@ extern "C" __global__ void slice_reference_f32(float* y, const float* x, long wi
     }
 }
 
+// gated_stream_mean (`Op::GatedStreamMean`): y[t, c] = Σ_s sigmoid(up[t, s·h + c]) · hn[t, s·h + c]
+// in stream order, divided by the stream count: sigmoid_reference_f32, mul_reference_f32 and
+// stream_mean_reference_f32's expressions in one pass (the gates are never stored).
+extern "C" __global__ void gated_stream_mean_f32(float* y, const float* up, const float* hn, long h, long streams,
+                                                  long n) {
+    wait_for_producers();
+    GRID_STRIDE(i, n) {
+        const long t = i / h, c = i % h;
+        const long base = t * h * streams + c;
+        float sum = 0.0f;
+        for (long s = 0; s < streams; s++) sum += sigmoid_f32(up[base + s * h]) * hn[base + s * h];
+        y[i] = sum / (float)streams;
+    }
+}
+
 // [rows, streams*h] -> [rows, h]: the sum over streams (in stream order) divided by their count.
 extern "C" __global__ void stream_mean_reference_f32(float* y, const float* x, long h, long streams, long n) {
     wait_for_producers();

@@ -229,7 +229,7 @@ fn long_prompts_take_the_prefill_variants() {
             "{variants:?}"
         );
         if gpu.weight_dtype == "bf16" {
-            assert!(variants.contains("linear/mma"), "{variants:?}");
+            assert!(variants.contains("linear/mma_wide"), "{variants:?}");
         }
 
         let want = cpu.session().prefill(&prompt, LogitsMode::All).unwrap();

@@ -83,6 +83,21 @@ fn layout_kernels_match_the_cpu_reference() {
             &get(&gpu, &layout::stream_mean(&gpu, &dh, rows, c).unwrap()),
             &ew::stream_mean(&hs, rows, c),
         );
+        // Its own generator: the draws of the checks after this one stay as they were.
+        let up = random(
+            &mut ChaCha8Rng::seed_from_u64(0x6a7e + (rows * h * c) as u64),
+            rows * c * h,
+        );
+        let du = gpu.upload(&up, "up").unwrap();
+        report.check(
+            "gated_stream_mean_f32",
+            &s,
+            &get(
+                &gpu,
+                &layout::gated_stream_mean(&gpu, &du, &dh, rows, c).unwrap(),
+            ),
+            &ew::gated_stream_mean(&up, &hs, rows, c),
+        );
 
         let inj: Vec<f32> = random(&mut rng, rows * c).iter().map(|v| v + 1.0).collect();
         let di = gpu.upload(&inj, "inj").unwrap();

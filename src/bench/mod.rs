@@ -424,7 +424,10 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .max()
         .unwrap_or(1024);
     let options = ModelOptions {
-        context_capacity: Some(max_ctx + opts.decode_steps * 3 + 64),
+        // Each context runs five timed passes of `decode_steps` tokens (graphs without and with
+        // overlap, greedy, host times, eager), their warm-ups, up to 16 segment-timed and 4
+        // profiled tokens: within 6 * decode_steps + 64 for any decode_steps.
+        context_capacity: Some(max_ctx + opts.decode_steps * 6 + 64),
         graphs_dir: opts.graphs_dir.clone(),
         overrides: opts.overrides.clone(),
         fusions: opts.fusions.clone(),

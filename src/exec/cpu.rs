@@ -340,6 +340,10 @@ fn exec_node(
                 ),
             )
         }
+        Op::GatedStreamMean { streams } => {
+            let ((up, rows), (hn, _)) = (inputs[0].f32(), inputs[1].f32());
+            one(rows, ew::gated_stream_mean(up, hn, rows, *streams))
+        }
         Op::SigmoidMul => {
             let ((x, rows), (g, _)) = (inputs[0].f32(), inputs[1].f32());
             one(rows, ew::sigmoid_mul(x, g, rows))

@@ -130,6 +130,11 @@ pub enum Op<D> {
         head_dim: D,
         rotary_dim: D,
     },
+    /// `stream_mean(sigmoid(up) * hn)`: `up, hn [T, streams*H]` → `[T, H]` (fusion
+    /// `gated_stream_mean`: the hyper-connection mix's tail where its projections are GEMMs).
+    GatedStreamMean {
+        streams: D,
+    },
     /// `x * sigmoid(gate)`, the gate of x's width or one per row as `Mul`'s second input
     /// (fusion `sigmoid_mul`: QSA's output gate).
     SigmoidMul,
@@ -251,6 +256,7 @@ impl<D> Op<D> {
             Op::Rope { .. } => "rope",
             Op::NormRope { .. } => "norm_rope",
             Op::SigmoidMul => "sigmoid_mul",
+            Op::GatedStreamMean { .. } => "gated_stream_mean",
             Op::IndexerSelect { .. } => "indexer_select",
             Op::Attention { .. } => "attention",
             Op::MoeRouter { .. } => "moe_router",
@@ -402,6 +408,9 @@ impl<D> Op<D> {
                 rotary_dim: f(rotary_dim)?,
             },
             Op::SigmoidMul => Op::SigmoidMul,
+            Op::GatedStreamMean { streams } => Op::GatedStreamMean {
+                streams: f(streams)?,
+            },
             Op::IndexerSelect {
                 heads,
                 head_dim,

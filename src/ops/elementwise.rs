@@ -35,6 +35,11 @@ pub fn sigmoid_mul(x: &[f32], gate: &[f32], rows: usize) -> Vec<f32> {
     mul(x, &sigmoid_all(gate), rows)
 }
 
+/// `stream_mean(mul(sigmoid_all(up), hn), rows, streams)` (`Op::GatedStreamMean`).
+pub fn gated_stream_mean(up: &[f32], hn: &[f32], rows: usize, streams: usize) -> Vec<f32> {
+    stream_mean(&mul(&sigmoid_all(up), hn, rows), rows, streams)
+}
+
 pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }

@@ -53,6 +53,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "rope"
         | "norm_rope"
         | "sigmoid_mul"
+        | "gated_stream_mean"
         | "indexer_select"
         | "attention"
         | "moe_router"

@@ -241,6 +241,15 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             })?;
             f(w)
         }
+        Op::GatedStreamMean { streams } => {
+            expect_inputs(inputs, 2)?;
+            let a = f32_input(inputs[0], "up")?;
+            let b = f32_input(inputs[1], "hn")?;
+            check(a == b && *streams > 0 && a % streams == 0, || {
+                format!("widths {a} and {b} are not the same {streams} streams")
+            })?;
+            f(a / streams)
+        }
         Op::SigmoidMul => {
             expect_inputs(inputs, 2)?;
             let a = f32_input(inputs[0], "input")?;

@@ -1101,6 +1101,13 @@ fn launch_node<'v>(
                 )?,
             }]
         }
+        Op::GatedStreamMean { streams } => {
+            let ((up, rows), (hn, _)) = (arg(0).f32(), arg(1).f32());
+            vec![DVal::F32 {
+                rows,
+                buf: layout::gated_stream_mean(gpu, up, hn, rows, *streams)?,
+            }]
+        }
         Op::SigmoidMul => {
             let ((x, rows), (g, _)) = (arg(0).f32(), arg(1).f32());
             vec![DVal::F32 {

@@ -86,6 +86,42 @@ pub fn slice_cols(
 
 /// `[rows, streams*H]` → `[rows, H]`: the sum over streams divided by their count
 /// (`ops::elementwise::stream_mean`).
+pub fn gated_stream_mean(
+    gpu: &Gpu,
+    up: &CudaSlice<f32>,
+    hn: &CudaSlice<f32>,
+    rows: usize,
+    streams: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "gated_stream_mean_f32";
+    shape(
+        kernel,
+        rows > 0
+            && streams > 0
+            && !up.is_empty()
+            && up.len() == hn.len()
+            && up.len().is_multiple_of(rows)
+            && (up.len() / rows).is_multiple_of(streams),
+        || {
+            format!(
+                "up {} and hn {} values, rows {rows}, streams {streams}",
+                up.len(),
+                hn.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let h = up.len() / rows / streams;
+    let n = rows * h;
+    let mut y = gpu.output::<f32>(n, kernel)?;
+    let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y).arg(up).arg(hn).arg(&h64).arg(&s64).arg(&n64);
+    // SAFETY: y holds rows*h floats; up and hn are read below rows*streams*h == their length.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    Ok(y)
+}
+
 pub fn stream_mean(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
