@@ -245,23 +245,27 @@ struct GdnLanes {
         return keep;
     }
 
+    // The lane's ROWS rows from r0 of a staged q or k row, as float4s.
+    __device__ static void read_rows(float* dst, const float* staged, int r0) {
+        const float4* v4 = (const float4*)&staged[pad(r0)];
+#pragma unroll
+        for (int m = 0; m < ROWS / 4; m++) {
+            const float4 v = v4[m];
+            dst[4 * m] = v.x;
+            dst[4 * m + 1] = v.y;
+            dst[4 * m + 2] = v.z;
+            dst[4 * m + 3] = v.w;
+        }
+    }
+
     // One token of the delta rule on the lane's columns s0, s1 (its rows from r0): decay, u from
     // (Sᵀk) (`v_mine`: v of the column this lane reduces; `mine`: that column is < dv), the
     // rank-1 update; returns (Sᵀq) of that column (the same in the GROUPS / 2 lanes that share
     // it). kn, qn: the token's staged k and q rows.
     __device__ static float step(float* s0, float* s1, const float* kn, const float* qn, int r0, float decay,
                                  float beta, float v_mine, bool mine, bool high) {
-        const float4* k4 = (const float4*)&kn[pad(r0)];
-        const float4* q4 = (const float4*)&qn[pad(r0)];
         float k[ROWS];
-#pragma unroll
-        for (int m = 0; m < ROWS / 4; m++) {
-            const float4 v = k4[m];
-            k[4 * m] = v.x;
-            k[4 * m + 1] = v.y;
-            k[4 * m + 2] = v.z;
-            k[4 * m + 3] = v.w;
-        }
+        read_rows(k, kn, r0);
         float pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
@@ -275,14 +279,7 @@ struct GdnLanes {
         const float u_other = __shfl_xor_sync(0xffffffffu, u_mine, GROUPS / 2);
         const float u0 = high ? u_other : u_mine, u1 = high ? u_mine : u_other;
         float q[ROWS];
-#pragma unroll
-        for (int m = 0; m < ROWS / 4; m++) {
-            const float4 v = q4[m];
-            q[4 * m] = v.x;
-            q[4 * m + 1] = v.y;
-            q[4 * m + 2] = v.z;
-            q[4 * m + 3] = v.w;
-        }
+        read_rows(q, qn, r0);
         float oa[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
