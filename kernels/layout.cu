@@ -367,6 +367,141 @@ __device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_o
 HC_READ_KERNELS(float, f32)
 HC_READ_KERNELS(bf16_t, bf16)
 
+// hc_read by stream (`launch::layout::HcReadAct { by_stream: true, .. }`): the first kernel's
+// blocks take R outputs over one stream's slice of the row instead of the whole row, so that a
+// block reads hid values of h and of the norm weight (10 KB each at the real H 2560) instead of
+// C·hid, and the activation traffic from L2 shrinks R·C-fold against the one-output kernel
+// (which reads ~80 KB of activations and norm weight for each 20 KB weight row).
+//   hc_read_act_s{R}: block (b, s, t) writes part[(t·(R_all + C) + o)·C + s] = Σ_c h·(1 + w)·row_o
+//                     over stream s's channels for its outputs o = b·R .. (R_all = the rank);
+//                     block (0, s, t) also ssq[t·C + s] = Σ_c h² over them;
+//   hc_read_gate_s:   block (b, t) first forms the C inverse RMS and every output of row t,
+//                     d = Σ_s inv_s · part_s in stream order as hc_read_act_fixed does
+//                     (act = silu(d / C) into shared memory; block (0, t) stores inj = 2σ(d / C)),
+//                     then hc_mix_gate's warps for its channels with act from shared memory.
+#define HC_GATE_MAX_RANK 1024
+
+template <typename W, int R>
+__device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, const float* h, const float* w,
+                                                   const W* down, const W* inject, long streams, long width,
+                                                   long rank, long w_len) {
+    constexpr int N = WeightVec<W>::N;
+    __shared__ float red[R + 1][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const long t = blockIdx.z, s = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + streams;
+    const long hid = width / streams;
+    const float* hs = h + t * width + s * hid;
+    const float* ws = w + (w_len == width ? s * hid : 0);
+    const W* rows[R];
+    bool vec = hid % N == 0 && aligned16(hs) && aligned16(ws);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        // A block past the last output re-reads the last row (it stores nothing).
+        rows[r] = (const W*)hc_read_row(down, inject, min(o0 + r, outs - 1), rank, width, sizeof(W)) + s * hid;
+        vec = vec && aligned16(rows[r]);
+    }
+    float acc[R], ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    if (vec) {
+        for (long i = threadIdx.x; i < hid / N; i += blockDim.x) {
+            uint4 raw[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) raw[r] = WeightVec<W>::load(rows[r], i);
+            float hv[N], nv[N];
+            act_chunk<N>(hs, i, hv);
+            act_chunk<N>(ws, i, nv);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                ss += hv[j] * hv[j];
+                hv[j] *= 1.0f + nv[j];
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wv[N];
+                WeightVec<W>::unpack(raw[r], wv);
+#pragma unroll
+                for (int j = 0; j < N; j++) acc[r] += hv[j] * wv[j];
+            }
+        }
+    } else {
+        for (long c = threadIdx.x; c < hid; c += blockDim.x) {
+            const float hv = hs[c];
+            ss += hv * hv;
+            const float hw = hv * (1.0f + ws[c]);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += hw * WeightVec<W>::one(rows[r], c);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) red[r][warp] = v;
+    }
+    const float v = warp_sum(ss);
+    if (lane == 0) red[R][warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float p = warp_sum(lane < warps ? red[r][lane] : 0.0f);
+            if (lane == 0 && o0 + r < outs) part[(t * outs + o0 + r) * streams + s] = p;
+        }
+        const float q = warp_sum(lane < warps ? red[R][lane] : 0.0f);
+        if (lane == 0 && blockIdx.x == 0) ssq[t * streams + s] = q;
+    }
+}
+
+#define HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, R)                                                              \
+    extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
+        hc_read_act_s##R##_##SUFFIX(float* part, float* ssq, const float* h, const float* w, const W* down,   \
+                                    const W* inject, long streams, long width, long rank, long w_len) {       \
+        const long o0 = (long)blockIdx.x * R, hid = width / streams;                                          \
+        const long n = min((long)R, rank + streams - o0);                                                     \
+        if (threadIdx.x < n)                                                                                  \
+            prefetch_weights((const char*)hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)) + \
+                                 blockIdx.y * hid * (long)sizeof(W),                                          \
+                             hid * (long)sizeof(W));                                                          \
+        wait_for_producers();                                                                                 \
+        hc_read_act_stream<W, R>(part, ssq, h, w, down, inject, streams, width, rank, w_len);                \
+    }
+
+#define HC_READ_STREAM_KERNELS(W, SUFFIX)                                                                      \
+    HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 2)                                                                   \
+    HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 4)                                                                   \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_s_##SUFFIX(                                         \
+        float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
+        const W* up, long streams, long hid, long rank, long w_len, float eps) {                              \
+        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
+        if (threadIdx.x < streams && c0 < hid)                                                                \
+            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
+                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        wait_for_producers();                                                                                 \
+        __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];                                               \
+        __shared__ float inv_s[HC_MAX_STREAMS];                                                               \
+        const long t = blockIdx.y, width = streams * hid, outs = rank + streams;                              \
+        if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);   \
+        __syncthreads();                                                                                      \
+        for (long o = threadIdx.x; o < outs; o += blockDim.x) {                                               \
+            float d = 0.0f;                                                                                   \
+            for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];           \
+            if (o < rank)                                                                                     \
+                act_s[o] = silu_f32(d / (float)streams);                                                      \
+            else if (blockIdx.x == 0)                                                                         \
+                inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);                       \
+        }                                                                                                     \
+        __syncthreads();                                                                                      \
+        const float* ht = h + t * width;                                                                      \
+        hc_mix_gate_with<W>(                                                                                  \
+            y + t * hid,                                                                                      \
+            [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); },      \
+            act_s, up, 1, streams, hid, rank);                                                                \
+    }
+
+HC_READ_STREAM_KERNELS(float, f32)
+HC_READ_STREAM_KERNELS(bf16_t, bf16)
+
+
 #define HC_KERNELS(W, SUFFIX)                                                                                        \
     extern "C" __global__ void hc_mix_act_warp_##SUFFIX(float* act, const float* hn, const W* down, long rows,       \
                                                         long streams, long width, long rank) {                       \

@@ -406,6 +406,7 @@ fn layout_shape_errors_name_the_kernel() {
     let inject = DeviceMatrix::Bf16(gpu.upload(&[0u16; 48], "inject").unwrap());
     let three = HcReadAct {
         outputs_per_block: 3,
+        by_stream: false,
     };
     let err = layout::hc_read(
         &gpu, &h, &norm, &bf16_w, &bf16_w, &inject, 1, 4, 1e-6, three,

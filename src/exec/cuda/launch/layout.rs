@@ -343,19 +343,33 @@ pub fn hc_mix(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HcReadAct {
     pub outputs_per_block: usize,
+    /// A block per stream's slice of the row (`hc_read_act_s{R}` + `hc_read_gate_s`: partial
+    /// dot products per stream, combined by the gate kernel's blocks) instead of the whole row.
+    pub by_stream: bool,
 }
 
 impl HcReadAct {
     /// Every variant compiled in kernels/layout.cu (`HC_READ_KERNELS`), for the sweep and tests.
-    pub const ALL: [HcReadAct; 3] = [
+    pub const ALL: [HcReadAct; 5] = [
         HcReadAct {
             outputs_per_block: 1,
+            by_stream: false,
         },
         HcReadAct {
             outputs_per_block: 2,
+            by_stream: false,
         },
         HcReadAct {
             outputs_per_block: 4,
+            by_stream: false,
+        },
+        HcReadAct {
+            outputs_per_block: 2,
+            by_stream: true,
+        },
+        HcReadAct {
+            outputs_per_block: 4,
+            by_stream: true,
         },
     ];
 
@@ -366,10 +380,15 @@ impl HcReadAct {
     /// spread that over more multiprocessors).
     pub const CHOSEN: HcReadAct = HcReadAct {
         outputs_per_block: 1,
+        by_stream: false,
     };
 
     pub fn name(self) -> String {
-        format!("r{}", self.outputs_per_block)
+        if self.by_stream {
+            format!("s{}", self.outputs_per_block)
+        } else {
+            format!("r{}", self.outputs_per_block)
+        }
     }
 }
 
@@ -396,10 +415,17 @@ pub fn hc_read(
 ) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
     let per_block = variant.outputs_per_block;
     shape("hc_read_act", HcReadAct::ALL.contains(&variant), || {
-        format!("{per_block} outputs a block: kernels/layout.cu has 1, 2 and 4")
+        format!(
+            "{per_block} outputs a block{}: kernels/layout.cu has 1, 2 and 4 a row, 2 and 4 a stream",
+            if variant.by_stream { " a stream" } else { "" }
+        )
     })?;
-    let act_name = down.kernel(&format!("hc_read_act_r{per_block}"));
-    let gate_name = down.kernel("hc_read_gate");
+    let act_name = down.kernel(&format!("hc_read_act_{}", variant.name()));
+    let gate_name = down.kernel(if variant.by_stream {
+        "hc_read_gate_s"
+    } else {
+        "hc_read_gate"
+    });
     let (act_kernel, kernel) = (act_name.as_str(), gate_name.as_str());
     let width = h.len().checked_div(rows).unwrap_or(0);
     let rank = down.len().checked_div(width).unwrap_or(0);
@@ -432,6 +458,18 @@ pub fn hc_read(
             )
         },
     )?;
+    if variant.by_stream {
+        return hc_read_by_stream(
+            gpu,
+            h,
+            norm,
+            [down, up, inject],
+            [rows, streams, width, rank],
+            eps,
+            [act_kernel, kernel],
+            per_block,
+        );
+    }
     let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
     let mut inv = gpu.scratch::<f32>(rows * streams, act_kernel)?;
     let mut x = gpu.output::<f32>(rows * hid, kernel)?;
@@ -476,6 +514,83 @@ pub fn hc_read(
     b.arg(&rows64).arg(&s64).arg(&h64).arg(&r64).arg(&wl64);
     let cfg = warp_grid(rows * hid);
     // SAFETY: a warp per (row, channel) over rows*hid outputs; act holds rows*R, inv rows*C.
+    launched(kernel, unsafe { b.launch(cfg) })?;
+    Ok((x, inj))
+}
+
+/// Most ranks `hc_read_gate_s` stages in shared memory (`HC_GATE_MAX_RANK`).
+const HC_GATE_MAX_RANK: usize = 1024;
+
+/// [`hc_read`] with blocks over one stream's slice of the row (`HcReadAct::by_stream`): the
+/// first kernel writes per-stream partial dot products and sums of squares, the gate kernel's
+/// blocks (one row each) combine them into the activations (in shared memory), the inverse RMS
+/// and, in block 0, the gains. Shapes were checked by the caller.
+#[allow(clippy::too_many_arguments)]
+fn hc_read_by_stream(
+    gpu: &Gpu,
+    h: &CudaSlice<f32>,
+    norm: &CudaSlice<f32>,
+    [down, up, inject]: [&DeviceMatrix; 3],
+    [rows, streams, width, rank]: [usize; 4],
+    eps: f32,
+    [act_kernel, kernel]: [&str; 2],
+    per_block: usize,
+) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
+    let hid = width / streams;
+    shape(kernel, rank <= HC_GATE_MAX_RANK, || {
+        format!("rank {rank}: the by-stream gate stages at most {HC_GATE_MAX_RANK} activations")
+    })?;
+    let outs = rank + streams;
+    let mut part = gpu.scratch::<f32>(rows * outs * streams, act_kernel)?;
+    let mut ssq = gpu.scratch::<f32>(rows * streams, act_kernel)?;
+    let mut x = gpu.output::<f32>(rows * hid, kernel)?;
+    let mut inj = gpu.output::<f32>(rows * streams, act_kernel)?;
+    let (s64, w64, r64, h64, wl64) = (
+        streams as i64,
+        width as i64,
+        rank as i64,
+        hid as i64,
+        norm.len() as i64,
+    );
+    let f = gpu.function(FILE, act_kernel)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *part).arg(&mut *ssq).arg(h).arg(norm);
+    arg_matrix(&mut b, down);
+    arg_matrix(&mut b, inject);
+    b.arg(&s64).arg(&w64).arg(&r64).arg(&wl64);
+    // Threads: a 16-byte chunk of the stream's slice each where the slice allows, at most 512.
+    let threads = hid
+        .div_ceil(down.chunk_len())
+        .next_multiple_of(32)
+        .clamp(32, 512);
+    let cfg = LaunchConfig {
+        grid_dim: (outs.div_ceil(per_block) as u32, streams as u32, rows as u32),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: shapes checked by the caller; block (b, s, t) writes part[t, o, s] for its outputs
+    // o < R + C and block (0, s, t) ssq[t, s]; 16-byte loads only where the slice's length and
+    // addresses allow.
+    launched(act_kernel, unsafe { b.launch(cfg) })?;
+    let f = gpu.function(FILE, kernel)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *x)
+        .arg(&mut *inj)
+        .arg(h)
+        .arg(&*part)
+        .arg(&*ssq)
+        .arg(norm);
+    arg_matrix(&mut b, up);
+    b.arg(&s64).arg(&h64).arg(&r64).arg(&wl64).arg(&eps);
+    let warps = 8usize;
+    let cfg = LaunchConfig {
+        grid_dim: (hid.div_ceil(warps) as u32, rows as u32, 1),
+        block_dim: ((warps * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: block (b, t) reads part/ssq of row t (written by the launch above on this stream),
+    // stages rank <= HC_GATE_MAX_RANK activations, and writes x[t, c] for its 8 channels and,
+    // block (0, t), inj[t, :].
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((x, inj))
 }
