@@ -65,6 +65,7 @@ impl<'m> Session<'m> {
             Backend::Cuda { capacity, .. } => {
                 let mut d = DeviceState::new(*capacity);
                 d.sync_each_node = model.options().cuda_sync_each_node;
+                d.set_launch_twice(model.options().cuda_launch_twice.clone());
                 Some(d)
             }
         };
