@@ -306,4 +306,9 @@ fn bench_checks_its_schedule_before_the_device() {
     assert!(!ok && stderr.contains("no/such/dir"), "{stderr}");
     let (ok, _, stderr) = graphrun(&["bench", "--prefills", "2048,0"]);
     assert!(!ok && stderr.contains("--prefills"), "{stderr}");
+    let (ok, _, stderr) = graphrun(&["bench", "--launch-twice", "hc_read,hc_raed"]);
+    assert!(
+        !ok && stderr.contains("--launch-twice") && stderr.contains("`hc_raed`"),
+        "{stderr}"
+    );
 }

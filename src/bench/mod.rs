@@ -29,6 +29,10 @@ pub struct BenchOptions {
     pub graphs_dir: Option<std::path::PathBuf>,
     pub overrides: Vec<crate::passes::schedule::RuleOverride>,
     pub fusions: Option<Vec<String>>,
+    /// Op kinds whose stateless nodes every step launches twice (`ModelOptions::cuda_launch_twice`):
+    /// the decode times then include those nodes' marginal cost a second time. For measurement:
+    /// the model's results are not what is timed.
+    pub launch_twice: Vec<String>,
     pub layers: usize,
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
@@ -398,6 +402,12 @@ fn schedule_summary(opts: &BenchOptions) -> String {
         Some(f) => parts.push(format!("only fusions {}", f.join(", "))),
         None => {}
     }
+    if !opts.launch_twice.is_empty() {
+        parts.push(format!(
+            "stateless nodes of {} launched twice (a measurement: not the model's times)",
+            opts.launch_twice.join(", ")
+        ));
+    }
     if parts.is_empty() {
         "built-in graphs, rules and fusions".into()
     } else {
@@ -416,6 +426,15 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             "--prefills: a prompt of 0 tokens has no prefill to time".into(),
         ));
     }
+    if let Some(kind) = opts
+        .launch_twice
+        .iter()
+        .find(|k| crate::ops::variants(k).is_empty())
+    {
+        return Err(Error::Input(format!(
+            "--launch-twice: `{kind}` is not an op kind (the `op` names of rules.ron and fusions.ron)"
+        )));
+    }
     let max_ctx = opts
         .contexts
         .iter()
@@ -431,6 +450,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         graphs_dir: opts.graphs_dir.clone(),
         overrides: opts.overrides.clone(),
         fusions: opts.fusions.clone(),
+        cuda_launch_twice: opts.launch_twice.clone(),
         ..Default::default()
     };
     // Graph files, rules and fusions are checked before the device is opened: lowering the

@@ -76,6 +76,11 @@ struct BenchArgs {
     /// program (which variant a shape should take).
     #[arg(long)]
     sweep_linear: bool,
+    /// Launch every stateless node of these op kinds twice (comma-separated kinds, e.g.
+    /// hc_read,moe_router): the decode times grow by those nodes' marginal cost inside the
+    /// replayed graph. A measurement: the model's results are not what is timed.
+    #[arg(long, value_delimiter = ',', value_name = "KINDS")]
+    launch_twice: Vec<String>,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -246,6 +251,7 @@ fn load_model(
         context_capacity: placement.context,
         no_cuda_graphs: placement.no_graphs,
         cuda_sync_each_node: placement.sync_each_node,
+        cuda_launch_twice: Vec::new(),
     };
     let model = Model::load(dir, options)?;
     if let Some(notice) = &model.fallback_notice {
@@ -456,6 +462,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 graphs_dir: cli.graphs.clone(),
                 overrides: a.schedule.overrides()?,
                 fusions: a.schedule.fusions(),
+                launch_twice: a.launch_twice.clone(),
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
             println!("{report}");

@@ -229,6 +229,20 @@ pub enum ValueType {
     Selection,
 }
 
+/// `Op::map_dims`'s body: each field-less variant, then each variant with its dimension fields
+/// (mapped through `f`) and, after `;`, its other fields (copied). The match it makes is
+/// exhaustive, so a new op fails to compile until it is listed here.
+macro_rules! map_op_dims {
+    ($op:expr, $f:ident;
+     units: [$($unit:ident),* $(,)?];
+     dims: [$($v:ident { $($d:ident),* $(; $($c:ident),*)? }),* $(,)?]) => {
+        match $op {
+            $(Op::$unit => Op::$unit,)*
+            $(Op::$v { $($d,)* $($($c,)*)? } => Op::$v { $($d: $f($d)?,)* $($($c: *$c,)*)? },)*
+        }
+    };
+}
+
 impl<D> Op<D> {
     /// The snake_case kind name used in rules, fusions and (later) kernel names.
     pub fn kind(&self) -> &'static str {
@@ -317,163 +331,50 @@ impl<D> Op<D> {
 
     /// Maps every dimension through `f`, keeping the op and its flags.
     pub fn map_dims<E, Err>(&self, mut f: impl FnMut(&D) -> Result<E, Err>) -> Result<Op<E>, Err> {
-        Ok(match self {
-            Op::Embed => Op::Embed,
-            Op::RepeatStreams { streams } => Op::RepeatStreams {
-                streams: f(streams)?,
-            },
-            Op::RmsNorm { group, unit_offset } => Op::RmsNorm {
-                group: f(group)?,
-                unit_offset: *unit_offset,
-            },
-            Op::Linear => Op::Linear,
-            Op::DivBy { by } => Op::DivBy { by: f(by)? },
-            Op::MulBy { by } => Op::MulBy { by: f(by)? },
-            Op::Silu => Op::Silu,
-            Op::Sigmoid => Op::Sigmoid,
-            Op::Mul => Op::Mul,
-            Op::Add => Op::Add,
-            Op::Slice { start, len } => Op::Slice {
-                start: f(start)?,
-                len: f(len)?,
-            },
-            Op::StreamMean { streams } => Op::StreamMean {
-                streams: f(streams)?,
-            },
-            Op::HcWrite { streams } => Op::HcWrite {
-                streams: f(streams)?,
-            },
-            Op::CausalConv {
-                kernel,
-                dilation,
-                silu,
-            } => Op::CausalConv {
-                kernel: f(kernel)?,
-                dilation: f(dilation)?,
-                silu: *silu,
-            },
-            Op::GdnGates => Op::GdnGates,
-            Op::GdnRecurrence {
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-            } => Op::GdnRecurrence {
-                key_heads: f(key_heads)?,
-                value_heads: f(value_heads)?,
-                key_dim: f(key_dim)?,
-                value_dim: f(value_dim)?,
-            },
-            Op::GdnGatedRecurrence {
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-            } => Op::GdnGatedRecurrence {
-                key_heads: f(key_heads)?,
-                value_heads: f(value_heads)?,
-                key_dim: f(key_dim)?,
-                value_dim: f(value_dim)?,
-            },
-            Op::GdnNormedRecurrence {
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-            } => Op::GdnNormedRecurrence {
-                key_heads: f(key_heads)?,
-                value_heads: f(value_heads)?,
-                key_dim: f(key_dim)?,
-                value_dim: f(value_dim)?,
-            },
-            Op::GatedRmsNorm { head_dim } => Op::GatedRmsNorm {
-                head_dim: f(head_dim)?,
-            },
-            Op::SplitQGate { heads, head_dim } => Op::SplitQGate {
-                heads: f(heads)?,
-                head_dim: f(head_dim)?,
-            },
-            Op::Rope {
-                head_dim,
-                rotary_dim,
-            } => Op::Rope {
-                head_dim: f(head_dim)?,
-                rotary_dim: f(rotary_dim)?,
-            },
-            Op::NormRope {
-                head_dim,
-                rotary_dim,
-            } => Op::NormRope {
-                head_dim: f(head_dim)?,
-                rotary_dim: f(rotary_dim)?,
-            },
-            Op::SigmoidMul => Op::SigmoidMul,
-            Op::GatedStreamMean { streams } => Op::GatedStreamMean {
-                streams: f(streams)?,
-            },
-            Op::IndexerSelect {
-                heads,
-                head_dim,
-                rotary_dim,
-                budget,
-                block,
-            } => Op::IndexerSelect {
-                heads: f(heads)?,
-                head_dim: f(head_dim)?,
-                rotary_dim: f(rotary_dim)?,
-                budget: f(budget)?,
-                block: f(block)?,
-            },
-            Op::Attention {
-                heads,
-                kv_heads,
-                head_dim,
-                block,
-            } => Op::Attention {
-                heads: f(heads)?,
-                kv_heads: f(kv_heads)?,
-                head_dim: f(head_dim)?,
-                block: f(block)?,
-            },
-            Op::MoeRouter { top_k } => Op::MoeRouter { top_k: f(top_k)? },
-            Op::MoeExperts {
-                experts,
-                intermediate,
-            } => Op::MoeExperts {
-                experts: f(experts)?,
-                intermediate: f(intermediate)?,
-            },
-            Op::PleNgramIds {
-                ngram,
-                heads_per_ngram,
-                table,
-            } => Op::PleNgramIds {
-                ngram: f(ngram)?,
-                heads_per_ngram: f(heads_per_ngram)?,
-                table: f(table)?,
-            },
-            Op::PleGate { streams } => Op::PleGate {
-                streams: f(streams)?,
-            },
-            Op::LastRow => Op::LastRow,
-            Op::SwigluLinear => Op::SwigluLinear,
-            Op::HcMix { streams } => Op::HcMix {
-                streams: f(streams)?,
-            },
-            Op::HcInject { streams } => Op::HcInject {
-                streams: f(streams)?,
-            },
-            Op::HcRead { streams } => Op::HcRead {
-                streams: f(streams)?,
-            },
-            Op::SigmoidGatedAdd => Op::SigmoidGatedAdd,
-            Op::LinearHcWrite { streams } => Op::LinearHcWrite {
-                streams: f(streams)?,
-            },
-            Op::LinearGroup { parts } => Op::LinearGroup { parts: f(parts)? },
-            Op::MoeSharedWrite { streams } => Op::MoeSharedWrite {
-                streams: f(streams)?,
-            },
-        })
+        Ok(map_op_dims!(self, f;
+            units: [
+                Embed,
+                Linear,
+                Silu,
+                Sigmoid,
+                Mul,
+                Add,
+                GdnGates,
+                SigmoidMul,
+                LastRow,
+                SwigluLinear,
+                SigmoidGatedAdd,
+            ];
+            dims: [
+                RepeatStreams { streams },
+                RmsNorm { group; unit_offset },
+                DivBy { by },
+                MulBy { by },
+                Slice { start, len },
+                StreamMean { streams },
+                HcWrite { streams },
+                CausalConv { kernel, dilation; silu },
+                GdnRecurrence { key_heads, value_heads, key_dim, value_dim },
+                GdnGatedRecurrence { key_heads, value_heads, key_dim, value_dim },
+                GdnNormedRecurrence { key_heads, value_heads, key_dim, value_dim },
+                GatedRmsNorm { head_dim },
+                SplitQGate { heads, head_dim },
+                Rope { head_dim, rotary_dim },
+                NormRope { head_dim, rotary_dim },
+                GatedStreamMean { streams },
+                IndexerSelect { heads, head_dim, rotary_dim, budget, block },
+                Attention { heads, kv_heads, head_dim, block },
+                MoeRouter { top_k },
+                MoeExperts { experts, intermediate },
+                PleNgramIds { ngram, heads_per_ngram, table },
+                PleGate { streams },
+                HcMix { streams },
+                HcInject { streams },
+                HcRead { streams },
+                LinearHcWrite { streams },
+                LinearGroup { parts },
+                MoeSharedWrite { streams },
+            ]
+        ))
     }
 }

@@ -4,24 +4,13 @@
 //! this state. A refused call (bad token, over-long context) leaves it untouched.
 
 use crate::error::{Error, Result};
-use crate::exec::cuda::executor::{self, DeviceState};
+use crate::exec::cuda::executor::{self, DeviceState, DeviceWeights};
+use crate::exec::cuda::{CudaError, Gpu};
 use crate::exec::{cpu, SessionState};
-use crate::ir::{LogitsMode, Phase};
+use crate::ir::{LogitsMode, Phase, Program};
 
 use super::model::{Backend, Model};
 use super::sampling::{argmax, Sampler, Sampling};
-
-/// What a step brings back: its logits, or only the greedy choice (found on the device).
-#[derive(Clone, Copy)]
-enum StepOut {
-    Logits,
-    Greedy,
-}
-
-enum StepData {
-    Logits(Vec<f32>),
-    Greedy(u32),
-}
 
 /// Logits `[rows, vocab]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +54,7 @@ impl<'m> Session<'m> {
             Backend::Cuda { capacity, .. } => {
                 let mut d = DeviceState::new(*capacity);
                 d.sync_each_node = model.options().cuda_sync_each_node;
+                d.set_launch_twice(model.options().cuda_launch_twice.clone());
                 Some(d)
             }
         };
@@ -183,14 +173,21 @@ impl<'m> Session<'m> {
 
     /// Appends `ids` and returns their logits (all rows, or only the last).
     pub fn prefill(&mut self, ids: &[u32], logits: LogitsMode) -> Result<Logits> {
-        let (data, rows) = self.step(ids, logits, StepOut::Logits)?;
-        Ok(Logits {
+        let vocab = self.model.plan.vocab_size;
+        let on_gpu =
+            |gpu: &Gpu,
+             program: &Program,
+             weights: &DeviceWeights,
+             state: &mut DeviceState,
+             tokens: &[i64],
+             graphs| {
+                executor::run(gpu, program, weights, state, tokens, graphs)
+                    .map(|(data, rows)| Logits { rows, vocab, data })
+            };
+        self.step(ids, logits, on_gpu, |data, rows| Logits {
             rows,
-            vocab: self.model.plan.vocab_size,
-            data: match data {
-                StepData::Logits(d) => d,
-                StepData::Greedy(_) => unreachable!("asked for logits"),
-            },
+            vocab,
+            data,
         })
     }
 
@@ -198,15 +195,29 @@ impl<'m> Session<'m> {
     /// largest logit of the last row (`sampling::argmax`). On a GPU it is found on the device,
     /// and only the id is downloaded.
     pub fn greedy(&mut self, ids: &[u32]) -> Result<u32> {
-        match self.step(ids, LogitsMode::Last, StepOut::Greedy)?.0 {
-            StepData::Greedy(id) => Ok(id),
-            StepData::Logits(d) => Ok(argmax(&d[d.len() - self.model.plan.vocab_size..])),
-        }
+        let vocab = self.model.plan.vocab_size;
+        self.step(ids, LogitsMode::Last, executor::run_greedy, |data, _| {
+            argmax(&data[data.len() - vocab..])
+        })
     }
 
-    /// One step over `ids`: its logits, or (on a GPU, when asked) the greedy id; and the rows of
-    /// logits the program made.
-    fn step(&mut self, ids: &[u32], logits: LogitsMode, out: StepOut) -> Result<(StepData, usize)> {
+    /// One step over `ids`, the program lowered for `logits`: on a GPU, `on_gpu`'s result (an
+    /// executor entry point: the logits, or the greedy id); on the CPU, `on_cpu` of the logits
+    /// and their row count.
+    fn step<T>(
+        &mut self,
+        ids: &[u32],
+        logits: LogitsMode,
+        on_gpu: impl FnOnce(
+            &Gpu,
+            &Program,
+            &DeviceWeights,
+            &mut DeviceState,
+            &[i64],
+            bool,
+        ) -> std::result::Result<T, CudaError>,
+        on_cpu: impl FnOnce(Vec<f32>, usize) -> T,
+    ) -> Result<T> {
         self.check_tokens(ids)?;
         let phase = if ids.len() == 1 {
             Phase::Decode
@@ -225,25 +236,18 @@ impl<'m> Session<'m> {
                     ..
                 },
                 Some(state),
-            ) => {
-                let graphs = self.graphs.unwrap_or(*graphs);
-                match out {
-                    StepOut::Logits => {
-                        let (data, rows) =
-                            executor::run(gpu, &program, weights, state, &tokens, graphs)?;
-                        (StepData::Logits(data), rows)
-                    }
-                    StepOut::Greedy => {
-                        let id =
-                            executor::run_greedy(gpu, &program, weights, state, &tokens, graphs)?;
-                        (StepData::Greedy(id), 1)
-                    }
-                }
-            }
+            ) => on_gpu(
+                gpu,
+                &program,
+                weights,
+                state,
+                &tokens,
+                self.graphs.unwrap_or(*graphs),
+            )?,
             _ => {
                 let (data, rows) =
                     cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?;
-                (StepData::Logits(data), rows)
+                on_cpu(data, rows)
             }
         })
     }

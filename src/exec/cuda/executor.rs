@@ -290,6 +290,12 @@ pub struct DeviceState {
     /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
     /// node and kernel that caused it (slow; for debugging).
     pub sync_each_node: bool,
+    /// Op kinds whose stateless nodes are launched twice, the second time into the same outputs:
+    /// a step's time then grows by those nodes' marginal cost inside a replayed graph (`graphrun
+    /// bench --launch-twice`). For measurement only: where the arena gives a node's output the
+    /// slot of one of its dead inputs, the second launch reads its own output, so results may
+    /// be wrong. Set it with [`DeviceState::set_launch_twice`].
+    launch_twice: Vec<String>,
     /// Launch kernels with programmatic dependent launch (`exec::cuda::launcher`) on devices
     /// that have it; off for profiled and node-by-node synchronised steps, whose per-node events
     /// and waits separate the kernels anyway. Change it with [`DeviceState::set_programmatic_launch`].
@@ -321,7 +327,17 @@ impl DeviceState {
             host_times: None,
             profile: None,
             sync_each_node: false,
+            launch_twice: Vec::new(),
             programmatic_launch: true,
+        }
+    }
+
+    /// Launches the stateless nodes of these op kinds twice from the next step on (see the
+    /// field); captured graphs are captured again.
+    pub fn set_launch_twice(&mut self, kinds: Vec<String>) {
+        if kinds != self.launch_twice {
+            self.launch_twice = kinds;
+            self.graphs.clear();
         }
     }
 
@@ -725,8 +741,20 @@ fn record_segment<'p>(
         let slots = &io.node_slots[index];
         gpu.set_slots(slots);
         gpu.next_node_scratch();
-        let result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
-        let untaken = gpu.set_slots(&[]);
+        let mut result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
+        let mut untaken = 0;
+        if result.is_ok()
+            && node.states.is_empty()
+            && state.launch_twice.iter().any(|k| k == node.op.kind())
+        {
+            // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
+            untaken += gpu.set_slots(slots);
+            gpu.next_node_scratch();
+            if let Err(e) = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap) {
+                result = Err(e);
+            }
+        }
+        untaken += gpu.set_slots(&[]);
         for (name, buf) in node.states.iter().zip(bufs) {
             state.bufs.insert(name.clone(), buf);
         }

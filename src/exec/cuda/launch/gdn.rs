@@ -261,6 +261,36 @@ impl GdnLayout {
     }
 }
 
+/// The head shape and step length recurrence kernel `name` takes: rows in 1..=i32::MAX, Kh > 0
+/// dividing Vh ≤ 65 535 (a grid dimension), dk in 1..=max_dk, dv in 1..=max_dv.
+fn check_heads(
+    name: &str,
+    s: &GdnShape,
+    rows: usize,
+    max_dk: usize,
+    max_dv: usize,
+) -> Result<(), CudaError> {
+    let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
+    shape(
+        name,
+        rows > 0
+            && rows <= i32::MAX as usize
+            && kh > 0
+            && vh.is_multiple_of(kh)
+            && vh <= 65_535
+            && (1..=max_dk).contains(&dk)
+            && (1..=max_dv).contains(&dv),
+        || {
+            let dv_bound = if max_dv == usize::MAX {
+                String::new()
+            } else {
+                format!(" (at most {max_dv})")
+            };
+            format!("Kh {kh}, Vh {vh}, dk {dk} (at most {max_dk}), dv {dv}{dv_bound}, rows {rows}")
+        },
+    )
+}
+
 /// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with the gates
 /// `gates` (given, or formed in the kernel); `state [Vh, dk, dv]` is updated in place. Returns
 /// `o [rows, Vh*dv]`. The layout from [`GdnLayout::for_shape`].
@@ -289,18 +319,10 @@ pub fn gdn_recurrence_with(
     let max_dk = layout.max_dk();
     let cfg = layout.launch(s);
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
-    shape(
-        name,
-        rows > 0
-            && rows <= i32::MAX as usize
-            && kh > 0
-            && vh.is_multiple_of(kh)
-            && (1..=max_dk).contains(&dk)
-            && dv > 0
-            && vh <= 65_535
-            && cfg.grid_dim.1 <= 65_535,
-        || format!("Kh {kh}, Vh {vh}, dk {dk} (at most {max_dk}), dv {dv}, rows {rows}"),
-    )?;
+    check_heads(name, s, rows, max_dk, usize::MAX)?;
+    shape(name, cfg.grid_dim.1 <= 65_535, || {
+        format!("dv {dv}: more column blocks than a grid dimension holds")
+    })?;
     let width = 2 * kh * dk + vh * dv;
     let gate_lens: Vec<usize> = gate_args.iter().map(|g| g.len()).collect();
     shape(
@@ -371,21 +393,7 @@ pub fn gdn_normed_recurrence(
 ) -> Result<Buf<f32>, CudaError> {
     let name = "gdn_normed_recurrence_f32";
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
-    shape(
-        name,
-        rows > 0
-            && rows <= i32::MAX as usize
-            && kh > 0
-            && vh.is_multiple_of(kh)
-            && vh <= i32::MAX as usize
-            && normed_recurrence_fits(s),
-        || {
-            format!(
-                "Kh {kh}, Vh {vh}, dk {dk} (at most {NORMED_MAX_DK}), dv {dv} (at most \
-                 {NORMED_MAX_DV}), rows {rows}"
-            )
-        },
-    )?;
+    check_heads(name, s, rows, NORMED_MAX_DK, NORMED_MAX_DV)?;
     let width = 2 * kh * dk + vh * dv;
     shape(
         name,
