@@ -373,14 +373,16 @@ impl HcReadAct {
         },
     ];
 
-    /// The variant the executor takes at every shape: one output a block, from the sweep on the
-    /// H200 (`graphrun bench --sweep-linear`, results/2026-11-30-bench-sweep-hc-read.log; act +
-    /// gate back to back at the real 10240 -> 320: 12.2 µs, 2 a block 15.5, 4 a block 14.1:
-    /// every block reads the whole row of h and of the norm weight from L2, so more blocks
-    /// spread that over more multiprocessors).
+    /// The variant the executor takes at every shape: a block per 2 outputs over one stream's
+    /// slice of the row, from the sweep on the H200 (`graphrun bench --sweep-linear`,
+    /// results/2026-11-30-bench-sweep-hc-read-by-stream.log; act + gate back to back at the real
+    /// 10240 -> 320: by stream 10.8 µs with 2 outputs a block, 11.9 with 4; by row 12.4 with one
+    /// output a block, 15.4 with 2, 14.1 with 4): a block reads 10 KB of h and of the norm weight
+    /// from L2 instead of the whole 40 KB row, and the gate kernel combines the streams' partial
+    /// sums in shared memory.
     pub const CHOSEN: HcReadAct = HcReadAct {
-        outputs_per_block: 1,
-        by_stream: false,
+        outputs_per_block: 2,
+        by_stream: true,
     };
 
     pub fn name(self) -> String {
