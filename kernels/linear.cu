@@ -416,27 +416,33 @@ extern "C" __global__ void linear_tiled_bf16(float* y, const float* x, const bf1
 // there). Needs k % 8 == 0 and 16-byte aligned x and W (the launcher falls back to linear_tiled
 // otherwise).
 
-// Tile rows are the tokens t0 .. t0 + BM - 1 of x.
+// Tile rows are the tokens t0 .. t0 + BM - 1 of x, from column k0 (rows `k` apart).
 struct MmaDenseRows {
     const float* x;
-    long tokens, k, t0;
+    long tokens, k, t0, k0;
     __device__ __forceinline__ const float* row(int i) const {
         const long t = t0 + i;
-        return t < tokens ? x + t * k : nullptr;
+        return t < tokens ? x + t * k + k0 : nullptr;
     }
     __device__ __forceinline__ void load8(const float* r, long kk, float* v) const { mma_load8(r + kk, v); }
 };
 
+// Split k (gridDim.z > 1, where the tiles alone would leave multiprocessors idle): block z takes
+// the z-th of gridDim.z equal runs of whole MMA_BK stages of k and writes its partial products to
+// y + z·T·n; `linear_split_sum_f32` adds them. The launcher makes every run non-empty.
 template <int WARPS_M, int WARPS_N, int MT, int NT>
 __device__ __forceinline__ void linear_mma(float* y, const float* x, const bf16_t* w, long tokens, long k, long n) {
     constexpr int BM = WARPS_M * MT * 16, BN = WARPS_N * NT * 8;
     const long t0 = (long)blockIdx.x * BM, n0 = (long)blockIdx.y * BN;
+    const long stages = (k + MMA_BK - 1) / MMA_BK, per_split = (stages + gridDim.z - 1) / gridDim.z;
+    const long k0 = (long)blockIdx.z * per_split * MMA_BK, k_len = min(per_split * MMA_BK, k - k0);
+    float* part = y + (long)blockIdx.z * tokens * n;
     const bool pairs = (n & 1) == 0;
     mma_tile<WARPS_M, WARPS_N, MT, NT>(
-        MmaDenseRows{x, tokens, k, t0}, w, n, n0, k, [&](int i, long c, float v0, float v1) {
+        MmaDenseRows{x, tokens, k, t0, k0}, w + k0, n, n0, k_len, k, [&](int i, long c, float v0, float v1) {
             const long t = t0 + i;
             if (t >= tokens) return;
-            float* yt = y + t * n;
+            float* yt = part + t * n;
             if (pairs && c + 1 < n) {
                 float2 v;
                 v.x = v0, v.y = v1;
@@ -446,6 +452,17 @@ __device__ __forceinline__ void linear_mma(float* y, const float* x, const bf16_
                 if (c + 1 < n) yt[c + 1] = v1;
             }
         });
+}
+
+// y [count] = ((parts[0] + parts[1]) + parts[2]) + ...: the split-k partial products of
+// linear_mma (splits of them, count values apart), in split order, rounded to nearest each add.
+extern "C" __global__ void linear_split_sum_f32(float* y, const float* parts, long count, int splits) {
+    wait_for_producers();
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (long)gridDim.x * blockDim.x) {
+        float acc = parts[i];
+        for (int s = 1; s < splits; s++) acc = __fadd_rn(acc, parts[s * count + i]);
+        y[i] = acc;
+    }
 }
 
 // 64 tokens x 64 outputs, 4 warps (2 x 2), each 32 x 32; 24 KB of shared memory. (A 128 x 128

@@ -14,7 +14,7 @@
 // Warps are WARPS_M x WARPS_N; a warp owns MT m16 tiles x NT n8 tiles (MT*16 rows x NT*8
 // outputs), its fragments read with ldmatrix. Shared rows are 32 bf16 = four 16-byte chunks,
 // XOR-swizzled by bits 1-2 of the row, so the 8 row addresses of each ldmatrix phase hit 8
-// different bank groups. Needs k % 8 == 0 and 16-byte aligned rows of x and W.
+// different bank groups. Needs k % 8 == 0, ldw % 8 == 0 and 16-byte aligned rows of x and W.
 #pragma once
 #include "common.cuh"
 
@@ -64,11 +64,13 @@ __device__ __forceinline__ void mma_zero(float (&a)[MT][NT][4]) {
 }
 
 // One tile: rows i < BM of x from `rows` (`rows.row(i)`: the row's base, nullptr for a zero row;
-// `rows.load8(base, kk, v)`: its 8 values from kk), outputs n0 .. n0 + BN - 1 of W [n, k]
-// (rows past n are zero); `store(i, c, v0, v1)` receives tile row i's results for outputs c and
-// c + 1 (c even relative to n0; either may be ≥ n).
+// `rows.load8(base, kk, v)`: its 8 values from kk), outputs n0 .. n0 + BN - 1 of W (n rows of k
+// values, `ldw` apart: a slice of k of a wider matrix when ldw > k; rows past n are zero);
+// `store(i, c, v0, v1)` receives tile row i's results for outputs c and c + 1 (c even relative to
+// n0; either may be ≥ n).
 template <int WARPS_M, int WARPS_N, int MT, int NT, typename Rows, typename Store>
-__device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long n, long n0, long k, Store store) {
+__device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long n, long n0, long k, long ldw,
+                                         Store store) {
     constexpr int BM = WARPS_M * MT * 16, BN = WARPS_N * NT * 8;
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int CHUNKS = MMA_BK / 8;            // 16-byte chunks per shared row
@@ -96,7 +98,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
     for (int i = 0; i < WCH; i++) {
         const int e = tid + i * THREADS;
         const long r = n0 + e / CHUNKS;
-        wrow[i] = r < n ? w + r * k + (e % CHUNKS) * 8 : nullptr;
+        wrow[i] = r < n ? w + r * ldw + (e % CHUNKS) * 8 : nullptr;
     }
 
     const unsigned smem0 = shared_addr(smem);

@@ -772,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
     const long n = 2 * inter;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
         EmGatherRows{x, a_row, hidden}, gate_up + (long)e * n * hidden, n, (long)blockIdx.y * EM_MMA_BN, hidden,
-        [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
+        hidden, [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
 }
 
 extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
@@ -784,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
     if (e < 0) return;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
         EmSwigluRows{gu, slot, inter}, down + (long)e * hidden * inter, hidden, (long)blockIdx.y * EM_MMA_BN,
-        inter, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
+        inter, inter, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
 }
 
 // y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused

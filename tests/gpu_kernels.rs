@@ -423,6 +423,7 @@ fn kernels_match_the_cpu_reference() {
     // tiny odd shapes (partial tiles in T, n and k; k a multiple of 8, not of 32),
     // whole tiles, large activations, and the real prefill shapes: T 64/512/2048 through GDN
     // in_proj_qkv 2560->10240 and o_proj 6144->2560, and the lm_head 2560->248320 at T 64.
+    // Split k adds at most 8 partial products once more (round to nearest), within the same bound.
     // Expected: about 2e-6 relative (the split leaves |x - hi - lo| <= 2^-18 |x| per product,
     // about 2.1e-6 RMS on uniform inputs; the tensor cores accumulate in f32), under the f32
     // bound. Each output starts as NaN (an arena slot filled with NaN): an unwritten value fails.
@@ -452,6 +453,13 @@ fn kernels_match_the_cpu_reference() {
         (512, 6144, 2560, 1.0),
         (2048, 6144, 2560, 1.0),
         (64, 2560, 248320, 1.0),
+        // Narrow products over a long k, split into runs of k (mma_k_splits; asserted below):
+        // the hyper-connection mix's 10240 -> 320 and GDN's 2560 -> 48 at T 2048, a run count
+        // that leaves a short last run (25 stages in 3), and k not a multiple of 32.
+        (2048, 10240, 320, 1.0),
+        (2048, 2560, 48, 1.0),
+        (130, 776, 70, 1.0),
+        (96, 2600, 20, 1000.0),
     ] {
         let x = random_scaled(&mut rng, t * k, scale);
         let bits = bf16_bits(&random(&mut rng, n * k));
@@ -459,6 +467,15 @@ fn kernels_match_the_cpu_reference() {
         let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
         let want = linear::tiled(&x, &widen(&bits), t, k, n);
         let s = format!("T{t} {k}->{n}{}", if scale != 1.0 { " x*1000" } else { "" });
+        if n <= 320 && k >= 776 {
+            for tile in [MmaTile::T64, MmaTile::Wide] {
+                let splits = launch::linear::mma_k_splits(gpu.multiprocessors, tile, t, k, n);
+                assert!(
+                    splits > 1,
+                    "{s}: {tile:?} is meant to split k, not {splits}"
+                );
+            }
+        }
         report.check("linear_mma64_bf16", &s, &mma(&dx, &dw, t, k, n), &want);
         let got = mma_tile(&dx, &dw, t, k, n, MmaTile::Wide);
         report.check("linear_mma_wide_bf16", &s, &got, &want);

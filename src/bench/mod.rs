@@ -127,6 +127,8 @@ pub struct BenchReport {
     /// A prefill chunk (the first of a prompt) timed node by node, by op kind and variant (ms
     /// per chunk; bytes are not counted).
     pub prefill_profile: Vec<ProfileRow>,
+    /// The slowest nodes of that chunk, one row each.
+    pub prefill_slowest_nodes: Vec<ProfileRow>,
 }
 
 /// Nodes listed one by one in the profile.
@@ -520,6 +522,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     }
     // Where a prefill chunk's time goes: the first chunk of a prompt, node by node.
     let mut prefill_profile = Vec::new();
+    let mut prefill_slowest = Vec::new();
     if !opts.prefills.is_empty() {
         let len = opts.chunk.min(max_ctx);
         let mut s = model.session();
@@ -528,7 +531,9 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         s.prefill(&ids, LogitsMode::Last)?;
         let nodes = s.cuda_profile(false);
         let program = model.program(Phase::Prefill, len, LogitsMode::Last)?;
-        prefill_profile = Profile::collect(&program, &nodes, None, bandwidth).by_op;
+        let p = Profile::collect(&program, &nodes, None, bandwidth);
+        prefill_profile = p.by_op;
+        prefill_slowest = p.slowest;
     }
     let decode_program = model.program(Phase::Decode, 1, LogitsMode::Last)?;
     let mut decode = Vec::new();
@@ -654,6 +659,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         decode_profile: profile.by_op,
         slowest_nodes: profile.slowest,
         prefill_profile,
+        prefill_slowest_nodes: prefill_slowest,
     })
 }
 
@@ -780,6 +786,10 @@ impl std::fmt::Display for BenchReport {
                     "  {:<24} {:>6} {:>10.3} ms",
                     r.op, r.nodes_per_step, r.ms_per_step
                 )?;
+            }
+            writeln!(f, "  slowest nodes:")?;
+            for r in &self.prefill_slowest_nodes {
+                writeln!(f, "    {:<48} {:>10.4} ms", r.op, r.ms_per_step)?;
             }
         }
         if !self.linear_sweep.is_empty() {

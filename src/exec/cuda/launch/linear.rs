@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::{launched, shape, warp_grid};
+use super::{grid_for, launched, shape, warp_grid};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 use crate::exec::cuda::launcher::KernelLaunch;
@@ -367,13 +367,44 @@ pub enum MmaTile {
 impl MmaTile {
     pub const ALL: [MmaTile; 2] = [MmaTile::T64, MmaTile::Wide];
 
-    /// Kernel, tokens and outputs a block, threads.
-    fn geometry(self) -> (&'static str, usize, usize, u32) {
+    /// Kernel, tokens and outputs a block, threads, blocks a multiprocessor holds at once (the
+    /// registers decide: ptxas gives both kernels ~128 a thread).
+    fn geometry(self) -> (&'static str, usize, usize, u32, usize) {
         match self {
-            MmaTile::T64 => ("linear_mma64_bf16", 64, 64, 128),
-            MmaTile::Wide => ("linear_mma_wide_bf16", 64, 128, 256),
+            MmaTile::T64 => ("linear_mma64_bf16", 64, 64, 128, 4),
+            MmaTile::Wide => ("linear_mma_wide_bf16", 64, 128, 256, 2),
         }
     }
+}
+
+/// Most runs of k one tensor-core product is split into.
+const MAX_K_SPLITS: usize = 8;
+/// Fewest 32-wide stages of k a split keeps (shorter runs spend more on the tile's start and
+/// its stores than they save).
+const MIN_SPLIT_STAGES: usize = 8;
+
+/// How many runs of k [`linear_mma_with`] splits `tokens x n` (k deep) into: where the tiles
+/// alone fill less than one round of the device's resident blocks (a narrow product over a long
+/// k: the hyper-connection mix's 10240 -> 320, GDN's 2560 -> 48 gates, the router), enough
+/// runs that the tiles times the runs still fit in one round, each at least
+/// [`MIN_SPLIT_STAGES`] deep; 1 otherwise.
+pub fn mma_k_splits(
+    multiprocessors: usize,
+    tile: MmaTile,
+    tokens: usize,
+    k: usize,
+    n: usize,
+) -> usize {
+    let (_, bm, bn, _, per_sm) = tile.geometry();
+    let tiles = tokens.div_ceil(bm) * n.div_ceil(bn);
+    let stages = k.div_ceil(32);
+    let wanted = (multiprocessors * per_sm) / tiles.max(1);
+    let splits = wanted
+        .min(MAX_K_SPLITS)
+        .min(stages / MIN_SPLIT_STAGES)
+        .max(1);
+    // Runs of ceil(stages / splits) stages: as many as that takes, so none is empty.
+    stages.div_ceil(stages.div_ceil(splits))
 }
 
 /// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
@@ -408,27 +439,52 @@ pub fn linear_mma_with(
     if !k.is_multiple_of(8) || !aligned {
         return linear_tiled(gpu, x, w, tokens, k, n);
     }
-    let (kernel, bm, bn, threads) = tile.geometry();
+    let (kernel, bm, bn, threads, _) = tile.geometry();
     check_xw(kernel, x, w, tokens, k, n, tokens > 0 && n > 0 && k > 0)?;
     shape(
         kernel,
         tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
         || format!("{tokens}x{n} is too large a grid"),
     )?;
+    let splits = mma_k_splits(gpu.multiprocessors, tile, tokens, k, n);
     let f = gpu.function("linear.cu", kernel)?;
     let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let mut parts = if splits > 1 {
+        Some(gpu.scratch::<f32>(splits * tokens * n, "split-k partial products")?)
+    } else {
+        None
+    };
     let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
     let cfg = LaunchConfig {
-        grid_dim: (tokens.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1),
+        grid_dim: (
+            tokens.div_ceil(bm) as u32,
+            n.div_ceil(bn) as u32,
+            splits as u32,
+        ),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y).arg(x).arg(bits);
+    match parts.as_mut() {
+        Some(p) => b.arg(&mut **p),
+        None => b.arg(&mut *y),
+    };
+    b.arg(x).arg(bits);
     b.arg(&t64).arg(&k64).arg(&n64);
     // SAFETY: shapes checked above; k % 8 == 0 and both inputs 16-byte aligned (the kernel's
-    // 16-byte loads); every load and store past T, n or k is masked in the kernel.
+    // 16-byte loads; each split starts at a multiple of 32 of k); every load and store past T,
+    // n or k is masked in the kernel; with splits, block z writes the z-th T*n of `parts`, and
+    // mma_k_splits leaves no split without k.
     launched(kernel, unsafe { b.launch(cfg) })?;
+    if let Some(parts) = parts {
+        let sum = "linear_split_sum_f32";
+        let f = gpu.function("linear.cu", sum)?;
+        let (count, s32) = ((tokens * n) as i64, splits as i32);
+        let mut b = gpu.launch_builder(&f);
+        b.arg(&mut *y).arg(&*parts).arg(&count).arg(&s32);
+        // SAFETY: parts holds splits x T*n values, all written by the launch above; y T*n.
+        launched(sum, unsafe { b.launch(grid_for(tokens * n, 256)) })?;
+    }
     Ok(y)
 }
 
