@@ -12,13 +12,15 @@
 // the next 32 k go to stage s^1 by cp.async (16 bytes, zero-filled past n and k) and the next x
 // values are in registers, split and stored into s^1 after the products; one barrier per stage.
 // Warps are WARPS_M x WARPS_N; a warp owns MT m16 tiles x NT n8 tiles (MT*16 rows x NT*8
-// outputs), its fragments read with ldmatrix. Shared rows are 32 bf16 = four 16-byte chunks,
+// outputs), its fragments read with ldmatrix. Warp row m takes the 16-row blocks m, m + WARPS_M,
+// ... (interleaved, so that a part-full tile's live rows spread over the warp rows). Shared rows are 32 bf16 = four 16-byte chunks,
 // XOR-swizzled by bits 1-2 of the row, so the 8 row addresses of each ldmatrix phase hit 8
 // different bank groups. Needs k % 8 == 0, ldw % 8 == 0 and 16-byte aligned rows of x and W.
 #pragma once
 #include "common.cuh"
 
 #define MMA_BK 32
+
 
 // Element offset of (row r, 16-byte chunk c) in a [rows][MMA_BK] bf16 tile.
 __device__ __forceinline__ int mma_swizzle(int r, int c) { return r * MMA_BK + ((c ^ ((r >> 1) & 3)) << 3); }
@@ -63,14 +65,64 @@ __device__ __forceinline__ void mma_zero(float (&a)[MT][NT][4]) {
             for (int c = 0; c < 4; c++) a[i][j][c] = 0.0f;
 }
 
+// One stage's products of a warp's first L 16-row blocks (mt * WARPS_M + warp_m) into `acc`.
+// The tensor cores add into their accumulator with truncation: over k = 6144 (768 MMAs) the
+// bias reached 1.4e-5 relative. So each stage's products start from zero and are added to `acc`
+// with round-to-nearest f32 adds.
+template <int WARPS_M, int WARPS_N, int MT, int NT, int L>
+__device__ __forceinline__ void mma_stage_products(float (&acc)[MT][NT][4], unsigned hi_base, unsigned lo_base,
+                                                   unsigned w_base, int warp_m, int warp_n, int lane) {
+    float part[L][NT][4];
+#pragma unroll
+    for (int i = 0; i < L; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) part[i][j][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < MMA_BK; kk += 16) {
+        const int c0 = kk / 8;
+        // B: matrices (rows n, chunk c0), (n, c0+1), (n+8, c0), (n+8, c0+1) = b0, b1 of two n8 tiles.
+        unsigned b[NT][2];
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            const int row = warp_n * NT * 8 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const int chunk = c0 + ((lane >> 3) & 1);
+            ldmatrix_x4(w_base + 2u * mma_swizzle(row, chunk), b[2 * p][0], b[2 * p][1], b[2 * p + 1][0],
+                        b[2 * p + 1][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < L; mt++) {
+            // A: matrices (rows 0-7, c0), (8-15, c0), (0-7, c0+1), (8-15, c0+1) = a0..a3.
+            const int row = (mt * WARPS_M + warp_m) * 16 + (lane & 15);
+            const int off = 2 * mma_swizzle(row, c0 + (lane >> 4));
+            unsigned ah[4], al[4];
+            ldmatrix_x4(hi_base + off, ah[0], ah[1], ah[2], ah[3]);
+            ldmatrix_x4(lo_base + off, al[0], al[1], al[2], al[3]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_bf16_16816(part[mt][nt], ah, b[nt][0], b[nt][1]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_bf16_16816(part[mt][nt], al, b[nt][0], b[nt][1]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < L; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = __fadd_rn(acc[i][j][c], part[i][j][c]);
+}
+
 // One tile: rows i < BM of x from `rows` (`rows.row(i)`: the row's base, nullptr for a zero row;
 // `rows.load8(base, kk, v)`: its 8 values from kk), outputs n0 .. n0 + BN - 1 of W (n rows of k
 // values, `ldw` apart: a slice of k of a wider matrix when ldw > k; rows past n are zero);
 // `store(i, c, v0, v1)` receives tile row i's results for outputs c and c + 1 (c even relative to
-// n0; either may be ≥ n).
+// n0; either may be ≥ n). Rows from `live` on are zero rows (the caller's promise): a warp skips
+// the products of its 16-row blocks past it (a part-full tile of the expert-major experts, the
+// last tile of tokens), whose results (zero) the caller does not store anyway.
 template <int WARPS_M, int WARPS_N, int MT, int NT, typename Rows, typename Store>
 __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long n, long n0, long k, long ldw,
-                                         Store store) {
+                                         int live, Store store) {
     constexpr int BM = WARPS_M * MT * 16, BN = WARPS_N * NT * 8;
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int CHUNKS = MMA_BK / 8;            // 16-byte chunks per shared row
@@ -154,6 +206,11 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
     cp_async_wait_all();
     __syncthreads();
 
+    // This warp's live 16-row blocks (mt * WARPS_M + warp_m below live / 16): a prefix of mt.
+    int live_mt = 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) live_mt += (mt * WARPS_M + warp_m) * 16 < live ? 1 : 0;
+
     const long ktiles = (k + MMA_BK - 1) / MMA_BK;
     for (long kt = 0; kt < ktiles; kt++) {
         const int s = (int)(kt & 1);
@@ -165,43 +222,14 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
         const unsigned hi_base = smem0 + 2u * (s * STAGE);
         const unsigned lo_base = hi_base + 2u * (BM * MMA_BK);
         const unsigned w_base = hi_base + 2u * (2 * BM * MMA_BK);
-        // The tensor cores add into their accumulator with truncation: over k = 6144 (768
-        // MMAs) the bias reached 1.4e-5 relative. So each stage's products start from zero and
-        // are added to `acc` with round-to-nearest f32 adds.
-        float part[MT][NT][4];
-        mma_zero(part);
-#pragma unroll
-        for (int kk = 0; kk < MMA_BK; kk += 16) {
-            const int c0 = kk / 8;
-            // B: matrices (rows n, chunk c0), (n, c0+1), (n+8, c0), (n+8, c0+1) = b0, b1 of two n8 tiles.
-            unsigned b[NT][2];
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                const int row = warp_n * NT * 8 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
-                const int chunk = c0 + ((lane >> 3) & 1);
-                ldmatrix_x4(w_base + 2u * mma_swizzle(row, chunk), b[2 * p][0], b[2 * p][1], b[2 * p + 1][0],
-                            b[2 * p + 1][1]);
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                // A: matrices (rows 0-7, c0), (8-15, c0), (0-7, c0+1), (8-15, c0+1) = a0..a3.
-                const int row = warp_m * MT * 16 + mt * 16 + (lane & 15);
-                const int off = 2 * mma_swizzle(row, c0 + (lane >> 4));
-                unsigned ah[4], al[4];
-                ldmatrix_x4(hi_base + off, ah[0], ah[1], ah[2], ah[3]);
-                ldmatrix_x4(lo_base + off, al[0], al[1], al[2], al[3]);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma_bf16_16816(part[mt][nt], ah, b[nt][0], b[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma_bf16_16816(part[mt][nt], al, b[nt][0], b[nt][1]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[i][j][c] = __fadd_rn(acc[i][j][c], part[i][j][c]);
+        // Only this warp's live 16-row blocks (a compile-time count, so that the products stay
+        // one straight run of instructions).
+        if (live_mt == MT)
+            mma_stage_products<WARPS_M, WARPS_N, MT, NT, MT>(acc, hi_base, lo_base, w_base, warp_m, warp_n, lane);
+        else if (live_mt == 1)
+            mma_stage_products<WARPS_M, WARPS_N, MT, NT, 1>(acc, hi_base, lo_base, w_base, warp_m, warp_n, lane);
+        else if (live_mt > 1)  // (MT > 2 only) the dead blocks' products are zero
+            mma_stage_products<WARPS_M, WARPS_N, MT, NT, MT>(acc, hi_base, lo_base, w_base, warp_m, warp_n, lane);
         if (more) store_x(s ^ 1);
         cp_async_wait_all();
         __syncthreads();  // stage s^1 is complete, and every warp is done reading stage s
@@ -215,6 +243,6 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
         for (int half = 0; half < 2; half++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
-                store(warp_m * MT * 16 + mt * 16 + g + half * 8, n0 + warp_n * NT * 8 + nt * 8 + 2 * q,
+                store((mt * WARPS_M + warp_m) * 16 + g + half * 8, n0 + warp_n * NT * 8 + nt * 8 + 2 * q,
                       acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
 }

@@ -563,14 +563,16 @@ extern "C" __global__ void moe_experts_expert_major_group(int* order, int* tiles
     }
 }
 
-// The rows of tile blockIdx.x: slot (or -1) and its row of `a` (or -1), in shared memory.
-// Returns the tile's expert, -1 for no tile (the whole block returns).
+// The rows of tile blockIdx.x: slot (or -1) and its row of `a` (or -1), in shared memory, and
+// (`count`, when asked) how many of them are slots: the first `count`. Returns the tile's
+// expert, -1 for no tile (the whole block returns).
 __device__ __forceinline__ int em_tile_rows(const int* order, const int* tiles, int per_row_div, int* slot,
-                                            int* a_row) {
+                                            int* a_row, int* count_out = nullptr) {
     const long b = blockIdx.x;
     const int e = tiles[3 * b];
     if (e < 0) return -1;
     const int first = tiles[3 * b + 1], count = tiles[3 * b + 2];
+    if (count_out != nullptr) *count_out = count;
     if (threadIdx.x < EM_TILE) {
         const int s = (int)threadIdx.x < count ? order[first + threadIdx.x] : -1;
         slot[threadIdx.x] = s;
@@ -767,12 +769,13 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
                                               const bf16_t* gate_up, int top_k, long hidden, long inter) {
     wait_for_producers();
     __shared__ int slot[EM_TILE], a_row[EM_TILE];
-    const int e = em_tile_rows(order, tiles, top_k, slot, a_row);
+    int live = 0;
+    const int e = em_tile_rows(order, tiles, top_k, slot, a_row, &live);
     if (e < 0) return;
     const long n = 2 * inter;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
         EmGatherRows{x, a_row, hidden}, gate_up + (long)e * n * hidden, n, (long)blockIdx.y * EM_MMA_BN, hidden,
-        hidden, [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
+        hidden, live, [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
 }
 
 extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
@@ -780,11 +783,12 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
                                            const bf16_t* down, long hidden, long inter) {
     wait_for_producers();
     __shared__ int slot[EM_TILE], a_row[EM_TILE];
-    const int e = em_tile_rows(order, tiles, 1, slot, a_row);
+    int live = 0;
+    const int e = em_tile_rows(order, tiles, 1, slot, a_row, &live);
     if (e < 0) return;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
         EmSwigluRows{gu, slot, inter}, down + (long)e * hidden * inter, hidden, (long)blockIdx.y * EM_MMA_BN,
-        inter, inter, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
+        inter, inter, live, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
 }
 
 // y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused
