@@ -439,7 +439,8 @@ __device__ __forceinline__ void linear_mma(float* y, const float* x, const bf16_
     float* part = y + (long)blockIdx.z * tokens * n;
     const bool pairs = (n & 1) == 0;
     mma_tile<WARPS_M, WARPS_N, MT, NT>(
-        MmaDenseRows{x, tokens, k, t0, k0}, w + k0, n, n0, k_len, k, (int)min((long)BM, tokens - t0), [&](int i, long c, float v0, float v1) {
+        MmaDenseRows{x, tokens, k, t0, k0}, MmaWeightRows{w + k0, k}, n, n0, k_len, (int)min((long)BM, tokens - t0),
+        [&](int i, long c, float v0, float v1) {
             const long t = t0 + i;
             if (t >= tokens) return;
             float* yt = part + t * n;

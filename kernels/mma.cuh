@@ -15,7 +15,7 @@
 // outputs), its fragments read with ldmatrix. Warp row m takes the 16-row blocks m, m + WARPS_M,
 // ... (interleaved, so that a part-full tile's live rows spread over the warp rows). Shared rows are 32 bf16 = four 16-byte chunks,
 // XOR-swizzled by bits 1-2 of the row, so the 8 row addresses of each ldmatrix phase hit 8
-// different bank groups. Needs k % 8 == 0, ldw % 8 == 0 and 16-byte aligned rows of x and W.
+// different bank groups. Needs k % 8 == 0 and 16-byte aligned rows of x and W.
 #pragma once
 #include "common.cuh"
 
@@ -113,16 +113,24 @@ __device__ __forceinline__ void mma_stage_products(float (&acc)[MT][NT][4], unsi
             for (int c = 0; c < 4; c++) acc[i][j][c] = __fadd_rn(acc[i][j][c], part[i][j][c]);
 }
 
+// The weight rows of a product: row r of W is `w + r * ld` (ld > k: a slice of k of a wider
+// matrix).
+struct MmaWeightRows {
+    const bf16_t* w;
+    long ld;
+    __device__ __forceinline__ const bf16_t* row(long r) const { return w + r * ld; }
+};
+
 // One tile: rows i < BM of x from `rows` (`rows.row(i)`: the row's base, nullptr for a zero row;
 // `rows.load8(base, kk, v)`: its 8 values from kk), outputs n0 .. n0 + BN - 1 of W (n rows of k
-// values, `ldw` apart: a slice of k of a wider matrix when ldw > k; rows past n are zero);
+// values, `wrows.row(r)` the start of row r < n, as MmaWeightRows; rows past n are zero);
 // `store(i, c, v0, v1)` receives tile row i's results for outputs c and c + 1 (c even relative to
 // n0; either may be ≥ n). Rows from `live` on are zero rows (the caller's promise): a warp skips
 // the products of its 16-row blocks past it (a part-full tile of the expert-major experts, the
 // last tile of tokens), whose results (zero) the caller does not store anyway.
-template <int WARPS_M, int WARPS_N, int MT, int NT, typename Rows, typename Store>
-__device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long n, long n0, long k, long ldw,
-                                         int live, Store store) {
+template <int WARPS_M, int WARPS_N, int MT, int NT, typename Rows, typename WRows, typename Store>
+__device__ __forceinline__ void mma_tile(const Rows rows, const WRows wrows, long n, long n0, long k, int live,
+                                         Store store) {
     constexpr int BM = WARPS_M * MT * 16, BN = WARPS_N * NT * 8;
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int CHUNKS = MMA_BK / 8;            // 16-byte chunks per shared row
@@ -150,7 +158,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
     for (int i = 0; i < WCH; i++) {
         const int e = tid + i * THREADS;
         const long r = n0 + e / CHUNKS;
-        wrow[i] = r < n ? w + r * ldw + (e % CHUNKS) * 8 : nullptr;
+        wrow[i] = r < n ? wrows.row(r) + (e % CHUNKS) * 8 : nullptr;
     }
 
     const unsigned smem0 = shared_addr(smem);
@@ -160,7 +168,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const bf16_t* w, long 
             const int e = tid + i * THREADS;
             const bool ok = wrow[i] != nullptr && k0 + (e % CHUNKS) * 8 < k;
             const unsigned dst = smem0 + 2u * (s * STAGE + 2 * BM * MMA_BK + mma_swizzle(e / CHUNKS, e % CHUNKS));
-            cp_async16(dst, ok ? (const void*)(wrow[i] + k0) : (const void*)w, ok);
+            cp_async16(dst, ok ? (const void*)(wrow[i] + k0) : (const void*)wrows.row(0), ok);
         }
         cp_async_commit();
     };

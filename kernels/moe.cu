@@ -708,12 +708,14 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // The expert-major products on the tensor cores (bf16 weights, hidden and inter multiples of 8:
-// `mma_tile` in mma.cuh, its precision argument there): a tile of EM_TILE slots x 64 outputs a
-// block of 4 warps, the tile table and `order` as above.
-//   ..._gate_up_mma_bf16: gu [slots, 2 * inter] = x[slot / top_k] · gate_up_eᵀ (gate outputs,
-//                         then up outputs, as the expert's rows);
-//   ..._down_mma_bf16:    out [slots, hidden] = act · down_eᵀ, act = silu(g) * u formed from gu
-//                         as the rows are staged (the reference's act, then its product).
+// `mma_tile` in mma.cuh, its precision argument there): a tile of EM_TILE slots x 128 outputs a
+// block of 8 warps, the tile table and `order` as above.
+//   ..._gate_up_mma_bf16: act [slots, inter] = silu(x[slot / top_k] · gᵀ) * (x[slot / top_k] · uᵀ)
+//                         (g, u: the expert's gate rows, then its up rows). The tile's weight
+//                         rows alternate gate j, up j (EmGateUpRows), so each thread's pair of
+//                         results is one channel's gate and up value, and it forms the channel's
+//                         activation itself, as the reference (silu(g) * u, in f32);
+//   ..._down_mma_bf16:    out [slots, hidden] = act · down_eᵀ.
 struct EmGatherRows {
     const float* x;
     const int* a_row;
@@ -722,19 +724,13 @@ struct EmGatherRows {
     __device__ __forceinline__ void load8(const float* r, long kk, float* v) const { mma_load8(r + kk, v); }
 };
 
-struct EmSwigluRows {
-    const float* gu;
-    const int* slot;
-    long inter;
-    __device__ __forceinline__ const float* row(int i) const {
-        return slot[i] < 0 ? nullptr : gu + (long)slot[i] * 2 * inter;
-    }
-    __device__ __forceinline__ void load8(const float* r, long kk, float* v) const {
-        float g[8], u[8];
-        mma_load8(r + kk, g);
-        mma_load8(r + inter + kk, u);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = silu_f32(g[j]) * u[j];
+// Row r of the interleaved gate/up matrix: gate row r / 2 for even r, up row r / 2 for odd r, of
+// gate_up [2 * inter, hidden] (gate rows, then up rows).
+struct EmGateUpRows {
+    const bf16_t* w;
+    long hidden, inter;
+    __device__ __forceinline__ const bf16_t* row(long r) const {
+        return w + ((r & 1) * inter + (r >> 1)) * hidden;
     }
 };
 
@@ -765,21 +761,24 @@ __device__ __forceinline__ void em_store_pair(float* y, int s, long n, long c, f
 static_assert(EM_MMA_WARPS_M * EM_MMA_MT * 16 == EM_TILE, "a tensor-core tile holds one tile of slots");
 
 extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
-    moe_experts_expert_major_gate_up_mma_bf16(float* gu, const float* x, const int* order, const int* tiles,
+    moe_experts_expert_major_gate_up_mma_bf16(float* act, const float* x, const int* order, const int* tiles,
                                               const bf16_t* gate_up, int top_k, long hidden, long inter) {
     wait_for_producers();
     __shared__ int slot[EM_TILE], a_row[EM_TILE];
     int live = 0;
     const int e = em_tile_rows(order, tiles, top_k, slot, a_row, &live);
     if (e < 0) return;
-    const long n = 2 * inter;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
-        EmGatherRows{x, a_row, hidden}, gate_up + (long)e * n * hidden, n, (long)blockIdx.y * EM_MMA_BN, hidden,
-        hidden, live, [&](int i, long c, float v0, float v1) { em_store_pair(gu, slot[i], n, c, v0, v1); });
+        EmGatherRows{x, a_row, hidden}, EmGateUpRows{gate_up + (long)e * 2 * inter * hidden, hidden, inter},
+        2 * inter, (long)blockIdx.y * EM_MMA_BN, hidden, live, [&](int i, long c, float g, float u) {
+            // c is even: (c, c + 1) are the gate and up rows of channel c / 2.
+            const int s = slot[i];
+            if (s >= 0 && c + 1 < 2 * inter) act[(long)s * inter + c / 2] = silu_f32(g) * u;
+        });
 }
 
 extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
-    moe_experts_expert_major_down_mma_bf16(float* out, const float* gu, const int* order, const int* tiles,
+    moe_experts_expert_major_down_mma_bf16(float* out, const float* act, const int* order, const int* tiles,
                                            const bf16_t* down, long hidden, long inter) {
     wait_for_producers();
     __shared__ int slot[EM_TILE], a_row[EM_TILE];
@@ -787,8 +786,9 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
     const int e = em_tile_rows(order, tiles, 1, slot, a_row, &live);
     if (e < 0) return;
     mma_tile<EM_MMA_WARPS_M, EM_MMA_WARPS_N, EM_MMA_MT, EM_MMA_NT>(
-        EmSwigluRows{gu, slot, inter}, down + (long)e * hidden * inter, hidden, (long)blockIdx.y * EM_MMA_BN,
-        inter, inter, live, [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
+        EmGatherRows{act, a_row, inter}, MmaWeightRows{down + (long)e * hidden * inter, inter}, hidden,
+        (long)blockIdx.y * EM_MMA_BN, inter, live,
+        [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
 }
 
 // y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused

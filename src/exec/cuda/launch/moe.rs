@@ -342,9 +342,8 @@ const EM_GROUP_THREADS: u32 = 1024;
 /// within f32 rounding (each slot's dot products are summed in a different order).
 ///
 /// Four launches: grouping (one block), gate/up tiles, down tiles (into one row per slot), the
-/// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats (`2·intermediate` on
-/// the tensor cores: the gate and up products are kept, the SwiGLU formed by the down tiles),
-/// plus the grouping's `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on
+/// slot-order sum. Scratch: `rows·top_k·(intermediate + hidden)` floats (the SwiGLU
+/// activations and the down products of every slot), plus the grouping's `rows·top_k + 3·(⌈rows·top_k/64⌉ + E)` ints. The grids depend only on
 /// the shapes (a tile table sized for the worst case; blocks past the last tile return at once).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts_expert_major(
@@ -429,17 +428,17 @@ pub fn moe_experts_expert_major(
         ExpertMajorKernels {
             gate_up: "moe_experts_expert_major_gate_up_mma_bf16",
             down: "moe_experts_expert_major_down_mma_bf16",
+            channels: EM_MMA_OUTPUTS / 2,
             outputs: EM_MMA_OUTPUTS,
             threads: EM_MMA_THREADS,
-            between_per_channel: 2,
         }
     } else {
         ExpertMajorKernels {
             gate_up: gu_kernel,
             down: down_kernel,
+            channels: EM_TILE,
             outputs: EM_TILE,
             threads: 256,
-            between_per_channel: 1,
         }
     };
     expert_major_products(
@@ -500,18 +499,18 @@ pub fn expert_major_on_tensor_cores(
     aligned && hidden.is_multiple_of(8) && intermediate.is_multiple_of(8)
 }
 
-/// The kernels of the expert-major products and their tiles: SIMT tiles (`act` [slots, I]
-/// between the two launches) or tensor-core tiles (`..._mma_bf16`: the gate and up products
-/// [slots, 2I] between them, the SwiGLU formed by the down kernel). Both pairs take the same
-/// arguments in the same order.
+/// The kernels of the expert-major products and their tiles: SIMT tiles or tensor-core tiles
+/// (`..._mma_bf16`); either way `act` [slots, I] (the SwiGLU activations) between the two
+/// launches, and both pairs take the same arguments in the same order.
 struct ExpertMajorKernels<'a> {
     gate_up: &'a str,
     down: &'a str,
-    /// Outputs and threads of a block.
+    /// Intermediate channels a gate/up block forms (the tensor-core tile's 128 outputs are 64
+    /// channels' gate and up rows, interleaved).
+    channels: usize,
+    /// Outputs of a down block.
     outputs: usize,
     threads: u32,
-    /// Values a slot the gate/up kernel writes, per intermediate channel.
-    between_per_channel: usize,
 }
 
 /// The gate/up and down launches of the expert-major experts: `out [slots, hidden]` from the
@@ -530,10 +529,9 @@ fn expert_major_products(
 ) -> Result<(), CudaError> {
     let [max_tiles, slots, top_k, hidden, intermediate] = dims;
     let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
-    let between_width = k.between_per_channel * intermediate;
-    let mut between = gpu.scratch::<f32>(slots * between_width, "expert activations")?;
-    let grid = |outputs: usize| LaunchConfig {
-        grid_dim: (max_tiles as u32, outputs.div_ceil(k.outputs) as u32, 1),
+    let mut between = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
+    let grid = |blocks: usize| LaunchConfig {
+        grid_dim: (max_tiles as u32, blocks as u32, 1),
         block_dim: (k.threads, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -544,9 +542,11 @@ fn expert_major_products(
     b.arg(&k32).arg(&h64).arg(&int64);
     // SAFETY: the tile table (written by the grouping launch on this stream) names valid experts
     // and rows of `order`, which holds slot indices below `slots`; x rows are slot / top_k <
-    // rows; `between` holds slots x its width; the block size is the kernel's; the tensor-core
+    // rows; `between` holds slots x intermediate; the block size is the kernel's; the tensor-core
     // kernels get sizes multiples of 8 and 16-byte aligned rows (expert_major_on_tensor_cores).
-    launched(k.gate_up, unsafe { b.launch(grid(between_width)) })?;
+    launched(k.gate_up, unsafe {
+        b.launch(grid(intermediate.div_ceil(k.channels)))
+    })?;
 
     let f = gpu.function("moe.cu", k.down)?;
     let mut b = gpu.launch_builder(&f);
@@ -555,7 +555,9 @@ fn expert_major_products(
     b.arg(&h64).arg(&int64);
     // SAFETY: as above; the rows of valid slots of `between` were written by the previous
     // launch; out holds slots*hidden floats (the rows of valid slots are written).
-    launched(k.down, unsafe { b.launch(grid(hidden)) })
+    launched(k.down, unsafe {
+        b.launch(grid(hidden.div_ceil(k.outputs)))
+    })
 }
 
 /// `ops::ple::ngram_ids` for `tokens [rows]`: ids `[rows, (ngram-1)·heads_per_ngram]`, with
