@@ -2,7 +2,8 @@
 # compute-sanitizer over graphrun's kernels, on the GPU machine: memcheck (out-of-bounds and
 # misaligned accesses, in global and shared memory) and racecheck (shared-memory races) on the
 # tiny model shipped in models/ (prefill and decode, CUDA graphs on, then eager with a sync after
-# every node; a short prompt and one of 40 tokens), and memcheck on one layer at the real geometry.
+# every node; a short prompt and one of 40 tokens), and memcheck on one layer at the real geometry
+# (then on an 80-token prefill there: the tensor-core tiles).
 #
 #   here:            cargo build --release && mkdir -p gpu-bin && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_sanitize.sh     # through the `device` tool, carry: ["gpu-bin"]
@@ -16,6 +17,9 @@ tiny=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat 
 ids=$(seq -s, 1 40)
 long=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt-ids "$ids" --max-new-tokens 2 --device cuda)
 real=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 2)
+# A prefill of 80 tokens at the real geometry: at least 64, so the tensor-core tiles run (a
+# part-full tile of tokens, split k for the narrow products, the expert-major experts).
+real_mma=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 80 --chunk 80 --decode-steps 2)
 check() {
     local tool=$1
     shift
@@ -34,5 +38,7 @@ check() {
     check racecheck "${long[@]}" --sync-each-node
     check memcheck "${long[@]}"
     check memcheck "${real[@]}"
+    check memcheck "${real_mma[@]}"
+    # (racecheck on real_mma did not finish in ~4 minutes: results/2026-11-30-session4-final.log)
 } >"$out/sanitize.log" 2>&1
 rm -f "$out/sanitize_run.txt"
