@@ -73,12 +73,7 @@ template <int WARPS_M, int WARPS_N, int MT, int NT, int L>
 __device__ __forceinline__ void mma_stage_products(float (&acc)[MT][NT][4], unsigned hi_base, unsigned lo_base,
                                                    unsigned w_base, int warp_m, int warp_n, int lane) {
     float part[L][NT][4];
-#pragma unroll
-    for (int i = 0; i < L; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) part[i][j][c] = 0.0f;
+    mma_zero(part);
 #pragma unroll
     for (int kk = 0; kk < MMA_BK; kk += 16) {
         const int c0 = kk / 8;
