@@ -2,8 +2,9 @@
 # compute-sanitizer over graphrun's kernels, on the GPU machine: memcheck (out-of-bounds and
 # misaligned accesses, in global and shared memory) and racecheck (shared-memory races) on the
 # tiny model shipped in models/ (prefill and decode, CUDA graphs on, then eager with a sync after
-# every node; a short prompt and one of 40 tokens), and memcheck on one layer at the real geometry
-# (then on an 80-token prefill there: the tensor-core tiles).
+# every node; a short prompt and one of 40 tokens), both on the tiny geometry in bf16 with 70
+# tokens (the tensor-core tiles), and memcheck on one layer at the real geometry (decode, and an
+# 80-token prefill: the tensor-core tiles there).
 #
 #   here:            cargo build --release && mkdir -p gpu-bin && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_sanitize.sh     # through the `device` tool, carry: ["gpu-bin"]
@@ -16,6 +17,12 @@ tiny=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat 
 # A prompt of 40 ids: the GDN scan stages several chunks of 16 tokens (kernels/gdn.cu).
 ids=$(seq -s, 1 40)
 long=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt-ids "$ids" --max-new-tokens 2 --device cuda)
+# The tiny model's geometry in bf16 (synthesized on the device) with a prompt of 70 ids: the
+# tensor-core tiles (64 tokens or more, bf16 weights) and the expert-major experts at shapes small
+# enough for racecheck, which takes minutes on them at the real geometry.
+tiny_bf16=/tmp/graphrun-tiny-bf16
+ids70=$(seq -s, 1 70)
+mma=(./gpu-bin/graphrun run --model "$tiny_bf16" --prompt-ids "$ids70" --max-new-tokens 2 --device cuda)
 real=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 2)
 # A prefill of 80 tokens at the real geometry: at least 64, so the tensor-core tiles run (a
 # part-full tile of tokens, split k for the narrow products, the expert-major experts).
@@ -37,6 +44,9 @@ check() {
     check racecheck "${tiny[@]}" --sync-each-node
     check racecheck "${long[@]}" --sync-each-node
     check memcheck "${long[@]}"
+    ./gpu-bin/graphrun synth --config models/tiny-qwen4exp/config.json --dtype bf16 --out "$tiny_bf16"
+    check memcheck "${mma[@]}"
+    check racecheck "${mma[@]}" --sync-each-node
     check memcheck "${real[@]}"
     check memcheck "${real_mma[@]}"
     # (racecheck on real_mma did not finish in ~4 minutes: results/2026-11-30-session4-final.log)
