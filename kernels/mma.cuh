@@ -13,14 +13,14 @@
 // values are in registers, split and stored into s^1 after the products; one barrier per stage.
 // Warps are WARPS_M x WARPS_N; a warp owns MT m16 tiles x NT n8 tiles (MT*16 rows x NT*8
 // outputs), its fragments read with ldmatrix. Warp row m takes the 16-row blocks m, m + WARPS_M,
-// ... (interleaved, so that a part-full tile's live rows spread over the warp rows). Shared rows are 32 bf16 = four 16-byte chunks,
-// XOR-swizzled by bits 1-2 of the row, so the 8 row addresses of each ldmatrix phase hit 8
-// different bank groups. Needs k % 8 == 0 and 16-byte aligned rows of x and W.
+// ... (interleaved, so that a part-full tile's live rows spread over the warp rows). Shared rows
+// are 32 bf16 = four 16-byte chunks, XOR-swizzled by bits 1-2 of the row, so the 8 row addresses
+// of each ldmatrix phase hit 8 different bank groups. Needs k % 8 == 0 and 16-byte aligned rows
+// of x and W.
 #pragma once
 #include "common.cuh"
 
 #define MMA_BK 32
-
 
 // Element offset of (row r, 16-byte chunk c) in a [rows][MMA_BK] bf16 tile.
 __device__ __forceinline__ int mma_swizzle(int r, int c) { return r * MMA_BK + ((c ^ ((r >> 1) & 3)) << 3); }
