@@ -379,7 +379,10 @@ impl MmaTile {
 
 /// Most runs of k one tensor-core product is split into.
 const MAX_K_SPLITS: usize = 8;
-/// Fewest 32-wide stages of k a split keeps (shorter runs spend more on the tile's start and
+/// k a tensor-core tile takes a stage (`MMA_BK` in kernels/mma.cuh): split k runs are whole
+/// stages, so each starts 16-byte aligned.
+const MMA_BK: usize = 32;
+/// Fewest stages of k a split keeps (shorter runs spend more on the tile's start and
 /// its stores than they save).
 const MIN_SPLIT_STAGES: usize = 8;
 
@@ -397,7 +400,7 @@ pub fn mma_k_splits(
 ) -> usize {
     let (_, bm, bn, _, per_sm) = tile.geometry();
     let tiles = tokens.div_ceil(bm) * n.div_ceil(bn);
-    let stages = k.div_ceil(32);
+    let stages = k.div_ceil(MMA_BK);
     let wanted = (multiprocessors * per_sm) / tiles.max(1);
     let splits = wanted
         .min(MAX_K_SPLITS)
