@@ -24,6 +24,39 @@ extern "C" __global__ void causal_conv_reference_f32(float* y, const float* x, c
     }
 }
 
+// The same sums for many rows (prefill), without a division an element: a thread per channel
+// (consecutive threads, consecutive channels) over a run of CONV_ROWS rows (blockIdx.y), its
+// kernel <= CONV_MAX_TAPS weights in registers (4 blocks of 256 a multiprocessor: the bounds keep
+// ptxas from unrolling the taps into 92 registers). The window is only read, as above.
+#define CONV_MAX_TAPS 8
+#define CONV_ROWS 16
+extern "C" __global__ void __launch_bounds__(256, 4)
+    causal_conv_rows_f32(float* y, const float* x, const float* window, const float* w, long rows, long width,
+                         int kernel, int dilation, int silu) {
+    wait_for_producers();
+    const long past = (long)(kernel - 1) * dilation;
+    for (long c = blockIdx.x * (long)blockDim.x + threadIdx.x; c < width; c += (long)gridDim.x * blockDim.x) {
+        float wc[CONV_MAX_TAPS];
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_TAPS; j++) wc[j] = j < kernel ? w[c * kernel + j] : 0.0f;
+        for (long t0 = (long)blockIdx.y * CONV_ROWS; t0 < rows; t0 += (long)gridDim.y * CONV_ROWS) {
+            const long t_end = min(rows, t0 + CONV_ROWS);
+            for (long t = t0; t < t_end; t++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < CONV_MAX_TAPS; j++) {
+                    if (j < kernel) {
+                        const long r = past + t - (long)(kernel - 1 - j) * dilation;  // row of ext, >= 0
+                        const float v = r < past ? window[r * width + c] : x[(r - past) * width + c];
+                        acc += wc[j] * v;
+                    }
+                }
+                y[t * width + c] = silu ? silu_f32(acc) : acc;
+            }
+        }
+    }
+}
+
 // After the step the window holds the last `past` rows of ext: row p becomes ext row rows + p. One
 // thread per channel, rows in ascending order, so a window row still to be read (rows + p > p) has
 // not been overwritten yet, and no other thread touches this channel.

@@ -56,16 +56,40 @@ extern "C" __global__ void stream_mean_reference_f32(float* y, const float* x, l
     }
 }
 
-// out = h, with stream s of each row gaining inj[row, s] * y[row]; n = rows*streams*hid.
-// The product is rounded before the add (no FMA), as the reference.
+// out = h, with stream s of each row gaining inj[row, s] * y[row]: rows along the grid's y (a
+// row's width streams*hid < 2^31, checked by the launcher, so no 64-bit division an element),
+// 4 channels a thread with 16-byte loads where hid % 4 == 0 and the buffers allow. The product
+// is rounded before the add (no FMA), as the reference.
 extern "C" __global__ void hc_write_reference_f32(float* out, const float* h, const float* inj, const float* y, long hid,
-                                                  long streams, long n) {
+                                                  long streams, long rows) {
     wait_for_producers();
-    const long width = hid * streams;
-    GRID_STRIDE(i, n) {
-        const long t = i / width, ch = i % width;
-        const long s = ch / hid, c = ch % hid;
-        out[i] = h[i] + __fmul_rn(inj[t * streams + s], y[t * hid + c]);
+    const int hid32 = (int)hid, width = (int)(hid * streams);
+    const bool vec = (hid32 & 3) == 0 && aligned16(out) && aligned16(h) && aligned16(y);
+    const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+    for (long t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float* ht = h + t * width;
+        const float* yt = y + t * hid;
+        const float* gt = inj + t * streams;
+        float* ot = out + t * width;
+        if (vec) {
+            for (int q = first; q < width / 4; q += stride) {
+                const int ch = 4 * q, s = ch / hid32, c = ch - s * hid32;  // 4 channels of stream s
+                const float g = gt[s];
+                const float4 hv = reinterpret_cast<const float4*>(ht)[q];
+                const float4 yv = *reinterpret_cast<const float4*>(yt + c);
+                float4 o;
+                o.x = hv.x + __fmul_rn(g, yv.x);
+                o.y = hv.y + __fmul_rn(g, yv.y);
+                o.z = hv.z + __fmul_rn(g, yv.z);
+                o.w = hv.w + __fmul_rn(g, yv.w);
+                reinterpret_cast<float4*>(ot)[q] = o;
+            }
+        } else {
+            for (int ch = first; ch < width; ch += stride) {
+                const int s = ch / hid32, c = ch - s * hid32;
+                ot[ch] = ht[ch] + __fmul_rn(gt[s], yt[c]);
+            }
+        }
     }
 }
 
@@ -674,17 +698,19 @@ extern "C" __global__ void swiglu_linear_reference_bf16(float* y, const float* x
 // gated_rms_norm: per group (head) of `group` channels, y = x * rsqrt(mean(x²) + eps) * w * act(gate),
 // plain w (not 1 + w); act = sigmoid when `use_sigmoid`, else silu. w has `w_len` entries: one per
 // group channel (shared by the groups), or indexed modulo its length as the reference.
-// One block per group (grid-strided).
+// A warp per group (grid-strided; a head is 128 channels: 4 a lane), so that a prefill chunk's
+// ~100k heads are not ~100k blocks each waiting on a block-wide sum.
 extern "C" __global__ void gated_rms_norm_reference_f32(float* y, const float* x, const float* gate, const float* w,
                                                         long groups, long group, long w_len, int use_sigmoid,
                                                         float eps) {
     wait_for_producers();
-    for (long g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (long g = (long)blockIdx.x * warps + (threadIdx.x >> 5); g < groups; g += (long)gridDim.x * warps) {
         const float* xs = x + g * group;
         float ss = 0.0f;
-        for (long c = threadIdx.x; c < group; c += blockDim.x) ss += xs[c] * xs[c];
-        const float inv = 1.0f / sqrtf(block_sum(ss) / (float)group + eps);
-        for (long c = threadIdx.x; c < group; c += blockDim.x) {
+        for (long c = lane; c < group; c += 32) ss += xs[c] * xs[c];
+        const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)group + eps);
+        for (long c = lane; c < group; c += 32) {
             const long i = g * group + c;
             const float wi = w_len == group ? w[c] : w[i % w_len];
             const float a = use_sigmoid ? sigmoid_f32(gate[i]) : silu_f32(gate[i]);

@@ -32,12 +32,14 @@ fn causal_conv_matches_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0xc0a7);
     let mut report = Report(Vec::new());
-    // (width, kernel, dilation): tiny; odd width with kernel 3, dilation 2; the real GDN conv
-    // (10240, kernel 4) and the real PLE conv (10240, kernel 4, dilation 3: past 9 > 5 and 3 rows).
+    // (width, kernel, dilation): tiny; odd width with kernel 3, dilation 2; 9 taps (more than
+    // causal_conv_rows_f32 holds); the real GDN conv (10240, kernel 4) and the real PLE conv
+    // (10240, kernel 4, dilation 3: past 9 > 5 and 3 rows).
     for (width, kernel, dilation) in [
         (16, 4, 1),
         (16, 4, 3),
         (37, 3, 2),
+        (33, 9, 1),
         (10240, 4, 1),
         (10240, 4, 3),
     ] {
@@ -56,9 +58,12 @@ fn causal_conv_matches_the_cpu_reference() {
                 let y = gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, rows, kernel, dilation, silu)
                     .unwrap();
                 let s = format!("T{rows} C{width} K{kernel} d{dilation} silu{}", silu as u8);
-                // Up to 8 rows: causal_conv_step_f32 (one launch), more: the two kernels.
+                // Up to 8 rows: causal_conv_step_f32 (one launch); more: the convolution (a thread
+                // per channel and run of rows up to 8 taps, else per value), then the shift.
                 let (conv, shift) = if rows <= 8 {
                     ("causal_conv_step_f32", "causal_conv_step_f32 window")
+                } else if kernel <= 8 {
+                    ("causal_conv_rows_f32", "causal_conv_window_f32")
                 } else {
                     ("causal_conv_reference_f32", "causal_conv_window_f32")
                 };

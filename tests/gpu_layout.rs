@@ -41,12 +41,13 @@ fn dtype(bf16: bool) -> &'static str {
 }
 
 /// (rows, H, streams): tiny, odd, and the real hyper state of a decode step and a 16-token chunk.
-const STREAM_SHAPES: [(usize, usize, usize); 5] = [
+const STREAM_SHAPES: [(usize, usize, usize); 6] = [
     (3, 32, 2),
     (3, 32, 4),
     (2, 33, 3),
     (1, 2560, 4),
     (16, 2560, 4),
+    (300, 2560, 4),
 ];
 
 #[test]
@@ -256,13 +257,14 @@ fn layout_kernels_match_the_cpu_reference() {
     }
 
     // Gated RMS norm: (rows, heads, head_dim, weight len): tiny, a per-channel weight, the real
-    // GDN output (48 value heads of 128) and 24 heads of 256.
+    // GDN output (48 value heads of 128) at decode and prefill sizes, and 24 heads of 256.
     for (rows, heads, hd, wlen) in [
         (3, 4, 32, 32),
         (3, 3, 33, 99),
         (1, 48, 128, 128),
         (16, 48, 128, 128),
         (16, 24, 256, 256),
+        (512, 48, 128, 128),
     ] {
         let x = random(&mut rng, rows * heads * hd);
         let gate = random(&mut rng, rows * heads * hd);

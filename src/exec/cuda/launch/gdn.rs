@@ -9,8 +9,13 @@ use crate::exec::cuda::error::CudaError;
 use crate::ops::gdn::GdnShape;
 
 /// Up to this many rows the convolution and the window's shift are one launch (a thread per
-/// channel); more rows take a thread per output value, then the shift.
+/// channel); more rows take a thread per channel over runs of [`CONV_ROWS`] rows (at most
+/// [`CONV_MAX_TAPS`] taps; more: a thread per output value), then the shift.
 const STEP_ROWS: usize = 8;
+/// Rows a thread of `causal_conv_rows_f32` takes, and the most taps it holds (`CONV_ROWS`,
+/// `CONV_MAX_TAPS` in kernels/gdn.cu).
+const CONV_ROWS: usize = 16;
+const CONV_MAX_TAPS: usize = 8;
 
 /// Causal depthwise convolution of `x [rows, width]` with `w [width, kernel]`; `window
 /// [(kernel-1)*dilation, width]` holds the previous inputs (oldest first) and is updated in place
@@ -51,7 +56,7 @@ pub fn causal_conv(
         },
     )?;
     let n = rows * width;
-    let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
+    let (r64, w64) = (rows as i64, width as i64);
     let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
     if rows <= STEP_ROWS {
         // One launch: a thread per channel, its rows in order, then its window's shift.
@@ -72,6 +77,36 @@ pub fn causal_conv(
         launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
         return Ok(y);
     }
+    if kernel <= CONV_MAX_TAPS {
+        // A thread per channel over runs of CONV_ROWS rows (no division an element).
+        let rows_name = "causal_conv_rows_f32";
+        let f = gpu.function("gdn.cu", rows_name)?;
+        let mut y = gpu.output::<f32>(n, rows_name)?;
+        let mut b = gpu.launch_builder(&f);
+        b.arg(&mut *y)
+            .arg(x)
+            .arg(&*window)
+            .arg(w)
+            .arg(&r64)
+            .arg(&w64)
+            .arg(&k32)
+            .arg(&d32)
+            .arg(&s32);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                width.div_ceil(256).clamp(1, 65_535) as u32,
+                rows.div_ceil(CONV_ROWS).clamp(1, 65_535) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as below; kernel <= CONV_MAX_TAPS (the kernel's register weights); both grid
+        // dimensions stride.
+        launched(rows_name, unsafe { b.launch(cfg) })?;
+        shift_window(gpu, window, x, rows, width, past)?;
+        return Ok(y);
+    }
     let f = gpu.function("gdn.cu", name)?;
     let mut y = gpu.output::<f32>(n, name)?;
     {
@@ -89,17 +124,33 @@ pub fn causal_conv(
         // above); every ext row read is in [0, past + rows).
         launched(name, unsafe { b.launch(grid_for(n, 256)) })?;
     }
-    if past > 0 {
-        let name = "causal_conv_window_f32";
-        let f = gpu.function("gdn.cu", name)?;
-        let mut b = gpu.launch_builder(&f);
-        b.arg(&mut *window).arg(x).arg(&r64).arg(&w64).arg(&p64);
-        // SAFETY: as above. Launched after the convolution on the same stream, so every read of
-        // the old window is done; within it, one thread per channel shifts rows in ascending
-        // order, reading only rows it has not yet overwritten.
-        launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
-    }
+    shift_window(gpu, window, x, rows, width, past)?;
     Ok(y)
+}
+
+/// The window's shift after a many-row convolution (`causal_conv_window_f32`): its `past` rows
+/// become the last `past` rows of `window ++ x`. Shapes were checked by the caller.
+fn shift_window(
+    gpu: &Gpu,
+    window: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    width: usize,
+    past: usize,
+) -> Result<(), CudaError> {
+    if past == 0 {
+        return Ok(());
+    }
+    let name = "causal_conv_window_f32";
+    let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
+    let f = gpu.function("gdn.cu", name)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *window).arg(x).arg(&r64).arg(&w64).arg(&p64);
+    // SAFETY: window holds past*width floats and x rows*width (checked by the caller). Launched
+    // after the convolution on the same stream, so every read of the old window is done; within
+    // it, one thread per channel shifts rows in ascending order, reading only rows it has not
+    // yet overwritten.
+    launched(name, unsafe { b.launch(grid_for(width, 256)) })
 }
 
 /// `(beta, g)` for `b`, `a [rows, heads]`: `beta = sigmoid(b)`,

@@ -169,10 +169,10 @@ pub fn hc_write(
     let hid = if ok_h { h.len() / rows / streams } else { 0 };
     shape(
         kernel,
-        ok_h && inj.len() == rows * streams && y.len() == rows * hid,
+        ok_h && inj.len() == rows * streams && y.len() == rows * hid && hid * streams < 1 << 31,
         || {
             format!(
-                "h {} values, inj {}, y {}, rows {rows}, streams {streams}",
+                "h {} values, inj {}, y {}, rows {rows}, streams {streams} (a row under 2^31 values)",
                 h.len(),
                 inj.len(),
                 y.len()
@@ -181,8 +181,9 @@ pub fn hc_write(
     )?;
     let f = gpu.function(FILE, kernel)?;
     let n = h.len();
+    let width = hid * streams;
     let mut out = gpu.output::<f32>(n, kernel)?;
-    let (h64, s64, n64) = (hid as i64, streams as i64, n as i64);
+    let (h64, s64, r64) = (hid as i64, streams as i64, rows as i64);
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *out)
         .arg(h)
@@ -190,10 +191,22 @@ pub fn hc_write(
         .arg(y)
         .arg(&h64)
         .arg(&s64)
-        .arg(&n64);
+        .arg(&r64);
+    // A row along the grid's y; its channels over the x blocks, 4 a thread where hid % 4 == 0.
+    let per_thread = if hid.is_multiple_of(4) { 4 } else { 1 };
+    let cfg = LaunchConfig {
+        grid_dim: (
+            width.div_ceil(per_thread * 256).clamp(1, 65_535) as u32,
+            rows.min(65_535) as u32,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: out and h hold n = rows*streams*hid floats; inj is read below rows*streams and y
-    // below rows*hid, both checked above.
-    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
+    // below rows*hid, both checked above; a row's width is under 2^31 (the kernel's int
+    // channel index); both grid dimensions stride.
+    launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(out)
 }
 
@@ -742,9 +755,10 @@ pub fn gated_rms_norm(
         w.len() as i64,
         sigmoid as i32,
     );
+    // A warp per group (head), 8 a block, grid-strided.
     let cfg = LaunchConfig {
-        grid_dim: (groups.min(MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (reduce_threads(head_dim, 1024), 1, 1),
+        grid_dim: (groups.div_ceil(8).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
