@@ -43,6 +43,21 @@ __device__ __forceinline__ void wait_for_producers() {
 #endif
 }
 
+// Running ahead (`Gpu::take_inputs_ready`, src/exec/cuda/launcher.rs): when none of a node's
+// inputs is an output of the node launched just before it, the executor passes inputs_ready = 1
+// to the node's first kernel. Such a kernel may read its inputs and compute before it waits: by
+// the time it runs at all, every kernel before the one ahead of it has finished (that one's
+// blocks let it start only once past their own waits), so those inputs are complete and visible.
+// It must still write nothing (outputs, scratch) before wait_for_producers(): the kernel ahead
+// may still be reading slots that this one's outputs reuse. The pattern:
+//     wait_for_producers_unless(ahead);  // the first wait: skipped when running ahead
+//     ... reads and arithmetic into registers or shared memory ...
+//     if (ahead) wait_for_producers();
+//     ... writes ...
+__device__ __forceinline__ void wait_for_producers_unless(bool ahead) {
+    if (!ahead) wait_for_producers();
+}
+
 // Asks the memory system to bring `bytes` of weights at `p` into L2 (sm_90 and later: one
 // bulk-copy prefetch; a hint that changes no result). Called before wait_for_producers(), with
 // the weights this block reads first, so that they stream in while the kernel before finishes.

@@ -348,6 +348,17 @@ struct GdnLanes {
         }
     }
 
+    // As load_state, for a kernel that reads its state before its wait: through L2 only
+    // (__ldcg), so that no line an earlier kernel left in this multiprocessor's L1 is read.
+    __device__ static void load_own_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            const bool row = r0 + i < dk;
+            s0[i] = (row && j < dv) ? __ldcg(S + (long)(r0 + i) * dv + j) : 0.0f;
+            s1[i] = (row && j + 1 < dv) ? __ldcg(S + (long)(r0 + i) * dv + j + 1) : 0.0f;
+        }
+    }
+
     __device__ static void store_state(const float* s0, const float* s1, float* S, int r0, int j, int dk, int dv) {
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
@@ -530,7 +541,6 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
     gdn_normed_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
                               const float* a_log, const float* dt_bias, const float* z, const float* norm_w, int rows,
                               int key_heads, int value_heads, int dk, int dv, int use_sigmoid, float eps) {
-    wait_for_producers();
     using L = GdnLanes<GDNN_GROUPS>;
     __shared__ __align__(16) float qn[GDNN_T][L::STRIDE];
     __shared__ __align__(16) float kn[GDNN_T][L::STRIDE];
@@ -551,10 +561,14 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
     const long width = 2 * key_dim + (long)value_heads * dv;
     const long out_width = (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
-    float* S = state + (long)h * dk * dv;
+    const long head_state = (long)h * dk * dv;
 
+    // Before the wait, so that its loads overlap the kernel ahead: only this node writes the
+    // state, in earlier steps (kernels/common.cuh, src/exec/cuda/kernels.rs's test).
     float s0[L::ROWS], s1[L::ROWS];
-    L::load_state(s0, s1, S, r0, j, dk, dv);
+    L::load_own_state(s0, s1, state + head_state, r0, j, dk, dv);
+    wait_for_producers();
+    float* S = state + head_state;
 
     for (int t0 = 0; t0 < rows; t0 += GDNN_T) {
         const int n = min(GDNN_T, rows - t0);

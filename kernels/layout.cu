@@ -653,34 +653,38 @@ __device__ __forceinline__ void swiglu_linear(float* y, const float* x, const W*
 
 // One token (decode): a block per output row, so that the 640 rows of the shared expert still
 // put every multiprocessor's loads in flight (a warp per row left most SMs idle); the gate and up
-// rows are read in the same round.
+// rows are read in the same round. With inputs_ready and a block for every row (the launcher's
+// grid), a block runs ahead (kernels/common.cuh): its row is computed before the wait, stored
+// after it.
 template <typename W>
-__device__ __forceinline__ void swiglu_linear_block(float* y, const float* x, const W* wg, const W* wu, long k,
-                                                    long n) {
-    for (long r = blockIdx.x; r < n; r += gridDim.x) {
-        float g, u;
-        strided_dot2(x, wg + r * k, wu + r * k, k, threadIdx.x, blockDim.x, g, u);
-        g = block_sum(g);
-        u = block_sum(u);
-        if (threadIdx.x == 0) y[r] = silu_f32(g) * u;
+__device__ __forceinline__ float swiglu_row(const float* x, const W* wg, const W* wu, long k, long r) {
+    float g, u;
+    strided_dot2(x, wg + r * k, wu + r * k, k, threadIdx.x, blockDim.x, g, u);
+    g = block_sum(g);
+    u = block_sum(u);
+    return silu_f32(g) * u;
+}
+
+#define SWIGLU_BLOCK_KERNEL(W, SUFFIX)                                                                      \
+    extern "C" __global__ void swiglu_linear_block_##SUFFIX(float* y, const float* x, const W* wg, const W* wu, \
+                                                            long k, long n, int inputs_ready) {               \
+        prefetch_first_rows(wg, k, n, 1);                                                                    \
+        prefetch_first_rows(wu, k, n, 1);                                                                    \
+        const bool ahead = inputs_ready && gridDim.x >= n;                                                   \
+        wait_for_producers_unless(ahead);                                                                    \
+        if (ahead) {                                                                                         \
+            const float v = swiglu_row<W>(x, wg, wu, k, min((long)blockIdx.x, n - 1));                      \
+            wait_for_producers();                                                                            \
+            if (threadIdx.x == 0 && blockIdx.x < n) y[blockIdx.x] = v;                                       \
+        } else {                                                                                             \
+            for (long r = blockIdx.x; r < n; r += gridDim.x) {                                               \
+                const float v = swiglu_row<W>(x, wg, wu, k, r);                                              \
+                if (threadIdx.x == 0) y[r] = v;                                                              \
+            }                                                                                                \
+        }                                                                                                    \
     }
-}
-
-extern "C" __global__ void swiglu_linear_block_f32(float* y, const float* x, const float* wg, const float* wu, long k,
-                                                   long n) {
-    prefetch_first_rows(wg, k, n, 1);
-    prefetch_first_rows(wu, k, n, 1);
-    wait_for_producers();
-    swiglu_linear_block<float>(y, x, wg, wu, k, n);
-}
-
-extern "C" __global__ void swiglu_linear_block_bf16(float* y, const float* x, const bf16_t* wg, const bf16_t* wu,
-                                                    long k, long n) {
-    prefetch_first_rows(wg, k, n, 1);
-    prefetch_first_rows(wu, k, n, 1);
-    wait_for_producers();
-    swiglu_linear_block<bf16_t>(y, x, wg, wu, k, n);
-}
+SWIGLU_BLOCK_KERNEL(float, f32)
+SWIGLU_BLOCK_KERNEL(bf16_t, bf16)
 
 extern "C" __global__ void swiglu_linear_reference_f32(float* y, const float* x, const float* wg, const float* wu,
                                                        long tokens, long k, long n) {

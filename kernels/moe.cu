@@ -331,75 +331,82 @@ extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SE
 // 2 * GATE_UP_BATCH 16-byte loads in flight per lane. Units s * inter + r are spread over the
 // warps of the grid (consecutive warps: consecutive rows of one expert).
 // An id outside [0, experts) yields NaN rather than a read out of bounds.
+// Unit u's act value (every lane of the warp gets it).
 template <typename W>
-__device__ __forceinline__ void experts_gate_up(float* act, const float* x, const long long* ids, const W* gate_up,
-                                                long slots, int top_k, long hidden, long inter, long experts) {
+__device__ __forceinline__ float experts_gate_up_unit(const float* x, const long long* ids, const W* gate_up, long u,
+                                                      int top_k, long hidden, long inter, long experts) {
     constexpr int N = WeightVec<W>::N;
     const int lane = threadIdx.x & 31;
-    const long warps_per_block = blockDim.x >> 5;
-    const long units = slots * inter;
-    for (long u = blockIdx.x * warps_per_block + (threadIdx.x >> 5); u < units; u += gridDim.x * warps_per_block) {
-        const long s = u / inter, r = u - s * inter;
-        const long long e = ids[s];
-        if (e < 0 || e >= experts) {
-            if (lane == 0) act[u] = MOE_NAN;
-            continue;
-        }
-        const W* gw = gate_up + (e * 2 * inter + r) * hidden;
-        const W* uw = gw + inter * hidden;
-        const float* xr = x + (s / top_k) * hidden;
-        float g = 0.0f, v = 0.0f;
-        if (hidden % N == 0 && aligned16(gw) && aligned16(uw) && aligned16(xr)) {
-            const long n = hidden / N;
-            for (long i0 = lane; i0 < n; i0 += 32 * GATE_UP_BATCH) {
-                uint4 gp[GATE_UP_BATCH], up[GATE_UP_BATCH];
+    const long s = u / inter, r = u - s * inter;
+    const long long e = ids[s];
+    if (e < 0 || e >= experts) return MOE_NAN;
+    const W* gw = gate_up + (e * 2 * inter + r) * hidden;
+    const W* uw = gw + inter * hidden;
+    const float* xr = x + (s / top_k) * hidden;
+    float g = 0.0f, v = 0.0f;
+    if (hidden % N == 0 && aligned16(gw) && aligned16(uw) && aligned16(xr)) {
+        const long n = hidden / N;
+        for (long i0 = lane; i0 < n; i0 += 32 * GATE_UP_BATCH) {
+            uint4 gp[GATE_UP_BATCH], up[GATE_UP_BATCH];
 #pragma unroll
-                for (int b = 0; b < GATE_UP_BATCH; b++) {
-                    if (i0 + 32 * b < n) {
-                        gp[b] = WeightVec<W>::load(gw, i0 + 32 * b);
-                        up[b] = WeightVec<W>::load(uw, i0 + 32 * b);
-                    }
+            for (int b = 0; b < GATE_UP_BATCH; b++) {
+                if (i0 + 32 * b < n) {
+                    gp[b] = WeightVec<W>::load(gw, i0 + 32 * b);
+                    up[b] = WeightVec<W>::load(uw, i0 + 32 * b);
                 }
+            }
 #pragma unroll
-                for (int b = 0; b < GATE_UP_BATCH; b++) {
-                    if (i0 + 32 * b < n) {
-                        float xv[N], gv[N], uv[N];
-                        act_chunk<N>(xr, i0 + 32 * b, xv);
-                        WeightVec<W>::unpack(gp[b], gv);
-                        WeightVec<W>::unpack(up[b], uv);
+            for (int b = 0; b < GATE_UP_BATCH; b++) {
+                if (i0 + 32 * b < n) {
+                    float xv[N], gv[N], uv[N];
+                    act_chunk<N>(xr, i0 + 32 * b, xv);
+                    WeightVec<W>::unpack(gp[b], gv);
+                    WeightVec<W>::unpack(up[b], uv);
 #pragma unroll
-                        for (int q = 0; q < N; q++) {
-                            g += gv[q] * xv[q];
-                            v += uv[q] * xv[q];
-                        }
+                    for (int q = 0; q < N; q++) {
+                        g += gv[q] * xv[q];
+                        v += uv[q] * xv[q];
                     }
                 }
             }
-        } else {
-            for (long i = lane; i < hidden; i += 32) {
-                g += WeightVec<W>::one(gw, i) * xr[i];
-                v += WeightVec<W>::one(uw, i) * xr[i];
-            }
         }
-        g = warp_sum(g);
-        v = warp_sum(v);
-        if (lane == 0) act[u] = silu_f32(g) * v;
+    } else {
+        for (long i = lane; i < hidden; i += 32) {
+            g += WeightVec<W>::one(gw, i) * xr[i];
+            v += WeightVec<W>::one(uw, i) * xr[i];
+        }
     }
+    g = warp_sum(g);
+    v = warp_sum(v);
+    return silu_f32(g) * v;
 }
 
-extern "C" __global__ void moe_experts_gate_up_f32(float* act, const float* x, const long long* ids,
-                                                   const float* gate_up, long slots, int top_k, long hidden,
-                                                   long inter, long experts) {
-    wait_for_producers();
-    experts_gate_up<float>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
-}
-
-extern "C" __global__ void moe_experts_gate_up_bf16(float* act, const float* x, const long long* ids,
-                                                    const bf16_t* gate_up, long slots, int top_k, long hidden,
-                                                    long inter, long experts) {
-    wait_for_producers();
-    experts_gate_up<bf16_t>(act, x, ids, gate_up, slots, top_k, hidden, inter, experts);
-}
+// With inputs_ready and a warp for every unit (the launcher's full grid; not `one_wave`), the
+// kernel runs ahead (kernels/common.cuh): each warp's unit is computed before the wait, stored
+// after it.
+#define EXPERTS_GATE_UP_KERNEL(W, SUFFIX)                                                                       \
+    extern "C" __global__ void moe_experts_gate_up_##SUFFIX(float* act, const float* x, const long long* ids,    \
+                                                            const W* gate_up, long slots, int top_k, long hidden, \
+                                                            long inter, long experts, int inputs_ready) {         \
+        const long units = slots * inter, warps = blockDim.x >> 5;                                               \
+        const long first = blockIdx.x * warps + (threadIdx.x >> 5);                                              \
+        const bool ahead = inputs_ready && units <= (long)gridDim.x * warps;                                     \
+        wait_for_producers_unless(ahead);                                                                        \
+        if (ahead) {                                                                                             \
+            const float v =                                                                                      \
+                first < units ? experts_gate_up_unit<W>(x, ids, gate_up, first, top_k, hidden, inter, experts)   \
+                              : 0.0f;                                                                            \
+            wait_for_producers();                                                                                \
+            if ((threadIdx.x & 31) == 0 && first < units) act[first] = v;                                        \
+        } else {                                                                                                 \
+            for (long u = first; u < units; u += gridDim.x * warps) {                                            \
+                const float v = experts_gate_up_unit<W>(x, ids, gate_up, u, top_k, hidden, inter, experts);      \
+                if ((threadIdx.x & 31) == 0) act[u] = v;                                                         \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+EXPERTS_GATE_UP_KERNEL(float, f32)
+EXPERTS_GATE_UP_KERNEL(bf16_t, bf16)
 
 // One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
 // this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of

@@ -253,6 +253,24 @@ fn layout_kernels_match_the_cpu_reference() {
                 ),
                 &linear::swiglu(&x, &rg, &ru, rows, k, n),
             );
+            // One token, running ahead (its inputs are uploads, complete): the same bits.
+            if rows == 1 {
+                let plain = get(
+                    &gpu,
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                );
+                gpu.set_inputs_ready(true);
+                let ahead = get(
+                    &gpu,
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                );
+                report.same(
+                    &format!("swiglu_linear_block_{} ahead", dtype(bf16)),
+                    &format!("T{rows} {k}->{n}"),
+                    &ahead,
+                    &plain,
+                );
+            }
         }
     }
 

@@ -22,7 +22,7 @@ use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::moe::RouterPaths;
-use graphrun::exec::cuda::launch::{moe as gmoe, DeviceMatrix};
+use graphrun::exec::cuda::launch::{layout, moe as gmoe, DeviceMatrix};
 use graphrun::exec::cuda::{CudaError, Gpu};
 use graphrun::ops::{moe, ple};
 use rand::{Rng, SeedableRng};
@@ -419,6 +419,16 @@ fn experts_match_the_reference() {
                 let got = gpu.download(&y, "y").unwrap();
                 let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
                 check(kernel, &shape, &got, &want);
+                // Running ahead (its inputs are complete: uploads): the same bits.
+                gpu.set_inputs_ready(true);
+                let ahead =
+                    gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
+                        .unwrap();
+                assert_eq!(
+                    bits(&gpu.download(&ahead, "y").unwrap()),
+                    bits(&got),
+                    "{kernel} {shape}: run ahead"
+                );
 
                 // The real path: routed on the device, the ids never leave it.
                 if rows == 8 || rows == 3 {
@@ -431,6 +441,25 @@ fn experts_match_the_reference() {
                     .unwrap();
                     let got = gpu.download(&y, "y").unwrap();
                     check(kernel, &format!("{shape} (device route)"), &got, &want);
+                    // As in a decode step: the router, another node (the shared expert's
+                    // gate and up), then the experts running ahead of that node.
+                    let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
+                    let (sg, _) = bank(&gpu, random_scaled(&mut rng, 64 * hidden, 0.1), bf16);
+                    let (su, _) = bank(&gpu, random_scaled(&mut rng, 64 * hidden, 0.1), bf16);
+                    let x0 = gpu.upload(&x[..hidden], "x row").unwrap();
+                    let _shared = layout::swiglu(&gpu, &x0, &sg, &su, 1, hidden, 64).unwrap();
+                    gpu.set_inputs_ready(true);
+                    let y = gmoe::moe_experts(
+                        &gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter,
+                    )
+                    .unwrap();
+                    let ahead = gpu.download(&y, "y").unwrap();
+                    check(
+                        kernel,
+                        &format!("{shape} (device route, run ahead)"),
+                        &ahead,
+                        &want,
+                    );
                 }
             }
         }

@@ -29,7 +29,7 @@ pub struct BenchOptions {
     pub graphs_dir: Option<std::path::PathBuf>,
     pub overrides: Vec<crate::passes::schedule::RuleOverride>,
     pub fusions: Option<Vec<String>>,
-    /// Op kinds whose stateless nodes every step launches twice (`ModelOptions::cuda_launch_twice`):
+    /// Op kinds whose nodes every step launches twice (`ModelOptions::cuda_launch_twice`):
     /// the decode times then include those nodes' marginal cost a second time. For measurement:
     /// the model's results are not what is timed.
     pub launch_twice: Vec<String>,
@@ -406,7 +406,7 @@ fn schedule_summary(opts: &BenchOptions) -> String {
     }
     if !opts.launch_twice.is_empty() {
         parts.push(format!(
-            "stateless nodes of {} launched twice (a measurement: not the model's times)",
+            "nodes of {} launched twice (a measurement: not the model's times)",
             opts.launch_twice.join(", ")
         ));
     }

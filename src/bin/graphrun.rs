@@ -76,7 +76,7 @@ struct BenchArgs {
     /// program (which variant a shape should take).
     #[arg(long)]
     sweep_linear: bool,
-    /// Launch every stateless node of these op kinds twice (comma-separated kinds, e.g.
+    /// Launch every node of these op kinds twice (comma-separated kinds, e.g.
     /// hc_read,moe_router): the decode times grow by those nodes' marginal cost inside the
     /// replayed graph. A measurement: the model's results are not what is timed.
     #[arg(long, value_delimiter = ',', value_name = "KINDS")]

@@ -30,7 +30,7 @@ pub struct ModelOptions {
     pub no_cuda_graphs: bool,
     /// Synchronise after every node on the GPU (eager), so a kernel fault names its kernel.
     pub cuda_sync_each_node: bool,
-    /// On the GPU, launch the stateless nodes of these op kinds twice (measurement only: see
+    /// On the GPU, launch the nodes of these op kinds twice (measurement only: see
     /// `exec::cuda::executor::DeviceState::set_launch_twice`; results may be wrong).
     pub cuda_launch_twice: Vec<String>,
     /// Longest context a CUDA session holds (its KV caches are preallocated); default

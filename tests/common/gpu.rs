@@ -83,6 +83,11 @@ pub fn check(kernel: &str, shape: &str, got: &[f32], want: &[f32]) -> String {
     line
 }
 
+/// Each value's bits (for bit-for-bit comparisons).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// The lines of a run's checks.
 pub struct Report(pub Vec<String>);
 

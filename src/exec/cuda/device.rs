@@ -41,6 +41,9 @@ pub struct Gpu {
     /// Whether launches carry the programmatic-dependent-launch attribute (see
     /// `exec::cuda::launcher`); set per step by the executor, only ever true on sm_90 and later.
     programmatic: AtomicBool,
+    /// Whether the node being launched may run ahead of the one before it (see
+    /// [`Gpu::take_inputs_ready`]); set by the executor before each node.
+    inputs_ready: AtomicBool,
     /// Streaming multiprocessors (sizes the split of decode attention).
     pub multiprocessors: usize,
 }
@@ -172,6 +175,7 @@ impl Gpu {
             scratch: Mutex::new(Scratch::default()),
             step: Mutex::new(()),
             programmatic: AtomicBool::new(programmatic),
+            inputs_ready: AtomicBool::new(false),
             multiprocessors,
         })
     }
@@ -314,6 +318,21 @@ impl Gpu {
     pub fn set_programmatic_launch(&self, on: bool) {
         let supported = self.info.compute_capability.0 >= 9;
         self.programmatic.store(on && supported, Ordering::Relaxed);
+    }
+
+    /// Sets whether the next node's inputs are all complete before the node launched just ahead
+    /// of it finishes (none of them is that node's output; the executor decides, and only under
+    /// programmatic launch). See [`Gpu::take_inputs_ready`].
+    pub fn set_inputs_ready(&self, ready: bool) {
+        self.inputs_ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// For the first kernel a node launches: whether it may read its inputs and compute before
+    /// its wait (`wait_for_producers_unless` in kernels/common.cuh), passed to the kernel as its
+    /// `inputs_ready` argument. Taking it clears it, so a node's later kernels (which read the
+    /// first one's results) always wait first.
+    pub fn take_inputs_ready(&self) -> bool {
+        self.inputs_ready.swap(false, Ordering::Relaxed)
     }
 
     pub fn programmatic_launch(&self) -> bool {

@@ -290,11 +290,12 @@ pub struct DeviceState {
     /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
     /// node and kernel that caused it (slow; for debugging).
     pub sync_each_node: bool,
-    /// Op kinds whose stateless nodes are launched twice, the second time into the same outputs:
-    /// a step's time then grows by those nodes' marginal cost inside a replayed graph (`graphrun
-    /// bench --launch-twice`). For measurement only: where the arena gives a node's output the
-    /// slot of one of its dead inputs, the second launch reads its own output, so results may
-    /// be wrong. Set it with [`DeviceState::set_launch_twice`].
+    /// Op kinds whose nodes are launched twice, the second time into the same outputs and
+    /// states: a step's time then grows by those nodes' marginal cost inside a replayed graph
+    /// (`graphrun bench --launch-twice`). For measurement only: where the arena gives a node's
+    /// output the slot of one of its dead inputs, the second launch reads its own output, and a
+    /// stateful node advances its state twice (a recurrence steps twice, a cache row is written
+    /// again), so results may be wrong. Set it with [`DeviceState::set_launch_twice`].
     launch_twice: Vec<String>,
     /// Launch kernels with programmatic dependent launch (`exec::cuda::launcher`) on devices
     /// that have it; off for profiled and node-by-node synchronised steps, whose per-node events
@@ -332,7 +333,7 @@ impl DeviceState {
         }
     }
 
-    /// Launches the stateless nodes of these op kinds twice from the next step on (see the
+    /// Launches the nodes of these op kinds twice from the next step on (see the
     /// field); captured graphs are captured again.
     pub fn set_launch_twice(&mut self, kinds: Vec<String>) {
         if kinds != self.launch_twice {
@@ -741,15 +742,18 @@ fn record_segment<'p>(
         let slots = &io.node_slots[index];
         gpu.set_slots(slots);
         gpu.next_node_scratch();
+        gpu.set_inputs_ready(
+            index > seg.start
+                && runs_ahead_of(node, &program.nodes[index - 1])
+                && gpu.programmatic_launch(),
+        );
         let mut result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
         let mut untaken = 0;
-        if result.is_ok()
-            && node.states.is_empty()
-            && state.launch_twice.iter().any(|k| k == node.op.kind())
-        {
+        if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
             // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
             untaken += gpu.set_slots(slots);
             gpu.next_node_scratch();
+            gpu.set_inputs_ready(false);
             if let Err(e) = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap) {
                 result = Err(e);
             }
@@ -830,6 +834,16 @@ fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
 }
 
 /// Launches the kernels of one node; `bufs` are the node's states, in its declared order.
+/// Whether `node`'s kernels may read its inputs before the node launched just before it
+/// (`previous`) has finished: none of its inputs is one of `previous`'s outputs, so under
+/// programmatic launch every kernel that wrote them has finished by the time `node` starts
+/// (`wait_for_producers_unless` in kernels/common.cuh). The graph files' node order decides how
+/// often this holds (graphs/qwen4exp/moe.ron puts the shared expert between the router and the
+/// routed experts so that both run ahead).
+fn runs_ahead_of(node: &crate::ir::Node, previous: &crate::ir::Node) -> bool {
+    !node.inputs.iter().any(|i| previous.outputs.contains(i))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_node<'v>(
     gpu: &Gpu,

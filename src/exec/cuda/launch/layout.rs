@@ -710,6 +710,10 @@ pub fn swiglu(
         b.arg(&t64);
     }
     b.arg(&k64).arg(&n64);
+    let ready = gpu.take_inputs_ready() as i32;
+    if one {
+        b.arg(&ready);
+    }
     // SAFETY: x is rows*k, wg and wu n*k, y rows*n, all checked above; 16-byte loads are used
     // only when k and the base addresses allow (checked in the kernel).
     launched(kernel, unsafe { b.launch(cfg) })?;

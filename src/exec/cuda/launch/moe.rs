@@ -286,10 +286,17 @@ pub fn moe_experts(
         block_dim,
         shared_mem_bytes: 0,
     };
+    // The kernel runs ahead of the node before it when the executor allows (a warp a unit).
+    let ready = gpu.take_inputs_ready() as i32;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
-    b.arg(&s64).arg(&k32).arg(&h64).arg(&int64).arg(&e64);
+    b.arg(&s64)
+        .arg(&k32)
+        .arg(&h64)
+        .arg(&int64)
+        .arg(&e64)
+        .arg(&ready);
     // SAFETY: the shapes were checked above; ids outside [0, experts) are not dereferenced; act
     // holds slots*intermediate floats; 16-byte loads are used only where the row length and the
     // addresses allow.
