@@ -43,9 +43,10 @@ __device__ __forceinline__ void wait_for_producers() {
 #endif
 }
 
-// Running ahead (`Gpu::take_inputs_ready`, src/exec/cuda/launcher.rs): when none of a node's
-// inputs is an output of the node launched just before it, the executor passes inputs_ready = 1
-// to the node's first kernel. Such a kernel may read its inputs and compute before it waits: by
+// Running ahead (`Gpu::take_ready_inputs`, src/exec/cuda/device.rs): the executor tells a node's
+// launcher which of its inputs are not outputs of the node launched just before it; when those a
+// kernel reads first are among them, the launcher passes inputs_ready = 1 to the node's first
+// kernel. Such a kernel may read those inputs and compute before it waits: by
 // the time it runs at all, every kernel before the one ahead of it has finished (that one's
 // blocks let it start only once past their own waits), so those inputs are complete and visible.
 // It must still write nothing (outputs, scratch) before wait_for_producers(): the kernel ahead

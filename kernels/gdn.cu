@@ -70,14 +70,43 @@ extern "C" __global__ void causal_conv_window_f32(float* window, const float* x,
     }
 }
 
+// Before the wait (decode: one row, dilation 1): channel c's window rows and taps into
+// registers. Only this node writes the window, in earlier steps (kernels/common.cuh); read
+// through L2 only (__ldcg), so that no line an earlier kernel left in L1 is read.
+__device__ __forceinline__ void conv_load_own_state(float* win, float* wc, const float* window, const float* w,
+                                                    long c, long width, int kernel, bool early) {
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_TAPS; j++) {
+        win[j] = early && j < kernel - 1 ? __ldcg(window + j * width + c) : 0.0f;
+        wc[j] = early && j < kernel ? w[c * kernel + j] : 0.0f;
+    }
+}
+
 // A few rows (decode): the convolution and the window's shift in one kernel, a thread per channel
 // over the rows in order (the same sums as causal_conv_reference_f32); the thread reads its
 // channel's old window rows before it overwrites them, and no other thread touches the channel.
+// One row of dilation 1 (decode) takes each thread's first channel from registers filled before
+// the wait (the same sums in the same order); other channels and shapes read memory after it.
 extern "C" __global__ void causal_conv_step_f32(float* y, float* window, const float* x, const float* w, long rows,
                                                 long width, int kernel, int dilation, int silu) {
-    wait_for_producers();
     const long past = (long)(kernel - 1) * dilation;
-    GRID_STRIDE(c, width) {
+    const long c0 = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    const bool early = rows == 1 && dilation == 1 && kernel <= CONV_MAX_TAPS && c0 < width;
+    float win[CONV_MAX_TAPS], wc[CONV_MAX_TAPS];
+    conv_load_own_state(win, wc, window, w, c0, width, kernel, early);
+    wait_for_producers();
+    if (early) {
+        const float xc = x[c0];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_TAPS; j++)
+            if (j < kernel) acc += wc[j] * (j < kernel - 1 ? win[j] : xc);
+        y[c0] = silu ? silu_f32(acc) : acc;
+#pragma unroll
+        for (int p = 0; p < CONV_MAX_TAPS; p++)
+            if (p < kernel - 1) window[p * width + c0] = p + 1 < kernel - 1 ? win[p + 1] : xc;
+    }
+    for (long c = early ? c0 + stride : c0; c < width; c += stride) {
         for (long t = 0; t < rows; t++) {
             float acc = 0.0f;
             for (int j = 0; j < kernel; j++) {

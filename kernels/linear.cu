@@ -187,37 +187,50 @@ extern "C" __global__ void __launch_bounds__(256)
 // per output row r, as linear_rows1: I is short), its gate (x [T, H]·wg [H], one per token, taken
 // by each block) and the sum with the routed output a [T, H], written to the C streams as
 // hc_write (the product rounded before the add). Token t is blockIdx.y.
+// The shared expert's down projection of row r for token t (every lane of the warp gets it).
 template <typename W>
-__device__ __forceinline__ void moe_shared_write(float* out, const float* h, const float* inj, const float* x,
-                                                 const float* s, const float* a, const W* wd, const float* wg,
-                                                 long hid, long inter, int streams) {
+__device__ __forceinline__ float moe_shared_row(const float* st, const W* wd, long r, long inter) {
     constexpr int N = WeightVec<W>::N;
-    const long t = blockIdx.y;
-    const float gate = sigmoid_f32(block_dot(x + t * hid, wg, hid));
-    const long warps_per_block = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31;
-    const float* st = s + t * inter;
     const bool vec = inter % N == 0 && aligned16(st) && aligned16(wd);
+    float acc[1];
+    row_dots<W, 1>(acc, st, wd + r * inter, inter, 1, threadIdx.x & 31, vec);
+    return warp_sum(acc[0]);
+}
+
+// Row r of token t into the C streams: h + inj ⊗ (a + shared · gate).
+__device__ __forceinline__ void moe_shared_store(float* out, const float* h, const float* inj, const float* a,
+                                                 long t, long r, float gate, float shared, long hid, int streams) {
+    const float y = a[t * hid + r] + shared * gate;
     const long width = (long)streams * hid;
-    for (long r = blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < hid; r += gridDim.x * warps_per_block) {
-        float acc[1];
-        row_dots<W, 1>(acc, st, wd + r * inter, inter, 1, lane, vec);
-        const float shared = warp_sum(acc[0]);
-        const float y = a[t * hid + r] + shared * gate;
-        for (int c = lane; c < streams; c += 32) {
-            const long o = t * width + (long)c * hid + r;
-            out[o] = h[o] + __fmul_rn(inj[t * streams + c], y);
-        }
+    for (int c = threadIdx.x & 31; c < streams; c += 32) {
+        const long o = t * width + (long)c * hid + r;
+        out[o] = h[o] + __fmul_rn(inj[t * streams + c], y);
     }
 }
 
+// With inputs_ready (x and s are ready: the routed output a is the node ahead's) and a warp for
+// every row, a block runs ahead (kernels/common.cuh): the gate and its warps' rows of the down
+// projection before the wait, the sums and stores after it.
 #define MOE_SHARED_WRITE_KERNEL(W, SUFFIX)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) moe_shared_write_reference_##SUFFIX(                    \
         float* out, const float* h, const float* inj, const float* x, const float* s, const float* a,         \
-        const W* wd, const float* wg, long hid, long inter, int streams) {                                    \
+        const W* wd, const float* wg, long hid, long inter, int streams, int inputs_ready) {                  \
         prefetch_first_rows(wd, inter, hid, blockDim.x >> 5);                                                \
-        wait_for_producers();                                                                                 \
-        moe_shared_write<W>(out, h, inj, x, s, a, wd, wg, hid, inter, streams);                               \
+        const long t = blockIdx.y, warps = blockDim.x >> 5;                                                   \
+        const long first = blockIdx.x * warps + (threadIdx.x >> 5);                                           \
+        const bool ahead = inputs_ready && hid <= (long)gridDim.x * warps;                                    \
+        wait_for_producers_unless(ahead);                                                                     \
+        const float gate = sigmoid_f32(block_dot(x + t * hid, wg, hid));                                      \
+        if (ahead) {                                                                                          \
+            const float shared = moe_shared_row<W>(s + t * inter, wd, min(first, hid - 1), inter);           \
+            wait_for_producers();                                                                             \
+            if (first < hid) moe_shared_store(out, h, inj, a, t, first, gate, shared, hid, streams);          \
+        } else {                                                                                              \
+            for (long r = first; r < hid; r += gridDim.x * warps) {                                           \
+                const float shared = moe_shared_row<W>(s + t * inter, wd, r, inter);                          \
+                moe_shared_store(out, h, inj, a, t, r, gate, shared, hid, streams);                           \
+            }                                                                                                 \
+        }                                                                                                     \
     }
 
 MOE_SHARED_WRITE_KERNEL(float, f32)

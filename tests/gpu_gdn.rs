@@ -71,6 +71,25 @@ fn causal_conv_matches_the_cpu_reference() {
                 report.check(shift, &s, &down(&gpu, &dwin), &cpu_window);
             }
 
+            // Three decode steps, the window carried on both sides (one row of dilation 1 takes
+            // its window and taps into registers before the kernel's wait).
+            let window0 = random_scaled(&mut rng, past * width, 1.0);
+            let mut cpu_window = window0.clone();
+            let mut dwin = gpu.upload(&window0, "window").unwrap();
+            for step in 0..3 {
+                let x = random_scaled(&mut rng, width, 1.0);
+                let want = conv::causal_conv(&x, &mut cpu_window, &w, 1, kernel, dilation, silu);
+                let dx = gpu.upload(&x, "x").unwrap();
+                let y = gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 1, kernel, dilation, silu)
+                    .unwrap();
+                let s = format!(
+                    "step {step} of 1 C{width} K{kernel} d{dilation} silu{}",
+                    silu as u8
+                );
+                report.check("causal_conv_step_f32", &s, &down(&gpu, &y), &want);
+                report.check("causal_conv_step_f32 window", &s, &down(&gpu, &dwin), &cpu_window);
+            }
+
             // 8 rows at once, and 5 then 3 with the window carried, on both sides.
             let x = random_scaled(&mut rng, 8 * width, 1.0);
             let window0 = random_scaled(&mut rng, past * width, 1.0);

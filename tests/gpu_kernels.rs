@@ -14,6 +14,7 @@ use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use graphrun::exec::cuda::launch::linear::{MmaTile, OneToken};
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
+use graphrun::exec::cuda::ReadyInputs;
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -379,6 +380,24 @@ fn kernels_match_the_cpu_reference() {
                 &s,
                 &got,
                 &linear::moe_shared_write(&h, &inj, &x, &sh, &a, &wv, &wg, t, c),
+            );
+            // Running ahead (x and s ready; a is the node ahead's output, read after the wait):
+            // the same bits.
+            gpu.set_ready_inputs(ReadyInputs(0b01100));
+            let ahead = gpu
+                .download(
+                    &launch::linear::moe_shared_write(
+                        &gpu, &dh, &dinj, &dx, &dsh, &da, &dwd, &dwg, t, c,
+                    )
+                    .unwrap(),
+                    "y",
+                )
+                .unwrap();
+            report.same(
+                &format!("moe_shared_write_reference_{dtype} ahead"),
+                &s,
+                &ahead,
+                &got,
             );
         }
     }

@@ -15,7 +15,7 @@ mod common;
 use common::gpu::*;
 use graphrun::exec::cuda::launch::layout::{self, HcReadAct};
 use graphrun::exec::cuda::launch::DeviceMatrix;
-use graphrun::exec::cuda::Gpu;
+use graphrun::exec::cuda::{Gpu, ReadyInputs};
 use graphrun::ir::GateActivation;
 use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
 use rand::SeedableRng;
@@ -259,7 +259,7 @@ fn layout_kernels_match_the_cpu_reference() {
                     &gpu,
                     &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
                 );
-                gpu.set_inputs_ready(true);
+                gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead = get(
                     &gpu,
                     &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),

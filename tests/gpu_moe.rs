@@ -23,7 +23,7 @@ use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::moe::RouterPaths;
 use graphrun::exec::cuda::launch::{layout, moe as gmoe, DeviceMatrix};
-use graphrun::exec::cuda::{CudaError, Gpu};
+use graphrun::exec::cuda::{CudaError, Gpu, ReadyInputs};
 use graphrun::ops::{moe, ple};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -420,7 +420,7 @@ fn experts_match_the_reference() {
                 let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
                 check(kernel, &shape, &got, &want);
                 // Running ahead (its inputs are complete: uploads): the same bits.
-                gpu.set_inputs_ready(true);
+                gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead =
                     gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
                         .unwrap();
@@ -448,7 +448,7 @@ fn experts_match_the_reference() {
                     let (su, _) = bank(&gpu, random_scaled(&mut rng, 64 * hidden, 0.1), bf16);
                     let x0 = gpu.upload(&x[..hidden], "x row").unwrap();
                     let _shared = layout::swiglu(&gpu, &x0, &sg, &su, 1, hidden, 64).unwrap();
-                    gpu.set_inputs_ready(true);
+                    gpu.set_ready_inputs(ReadyInputs::ALL);
                     let y = gmoe::moe_experts(
                         &gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter,
                     )

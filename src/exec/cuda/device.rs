@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
@@ -41,11 +41,27 @@ pub struct Gpu {
     /// Whether launches carry the programmatic-dependent-launch attribute (see
     /// `exec::cuda::launcher`); set per step by the executor, only ever true on sm_90 and later.
     programmatic: AtomicBool,
-    /// Whether the node being launched may run ahead of the one before it (see
-    /// [`Gpu::take_inputs_ready`]); set by the executor before each node.
-    inputs_ready: AtomicBool,
+    /// Which inputs of the node being launched are complete before the node ahead of it has
+    /// finished (see [`Gpu::take_ready_inputs`]); set by the executor before each node.
+    ready_inputs: AtomicU64,
     /// Streaming multiprocessors (sizes the split of decode attention).
     pub multiprocessors: usize,
+}
+
+/// The inputs of a node (by their place in the node's input list, up to 64) that are complete
+/// before the node launched just ahead of it has finished: a kernel may read them and compute
+/// before its wait, so that its work overlaps that node's ("running ahead", kernels/common.cuh).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadyInputs(pub u64);
+
+impl ReadyInputs {
+    pub const NONE: ReadyInputs = ReadyInputs(0);
+    pub const ALL: ReadyInputs = ReadyInputs(u64::MAX);
+
+    /// Whether every input at these places is ready.
+    pub fn all(self, places: &[usize]) -> bool {
+        places.iter().all(|&i| i < 64 && self.0 & (1 << i) != 0)
+    }
 }
 
 /// Kernel temporaries of the node being launched: bump-allocated from a step's scratch buffer
@@ -175,7 +191,7 @@ impl Gpu {
             scratch: Mutex::new(Scratch::default()),
             step: Mutex::new(()),
             programmatic: AtomicBool::new(programmatic),
-            inputs_ready: AtomicBool::new(false),
+            ready_inputs: AtomicU64::new(0),
             multiprocessors,
         })
     }
@@ -320,19 +336,18 @@ impl Gpu {
         self.programmatic.store(on && supported, Ordering::Relaxed);
     }
 
-    /// Sets whether the next node's inputs are all complete before the node launched just ahead
-    /// of it finishes (none of them is that node's output; the executor decides, and only under
-    /// programmatic launch). See [`Gpu::take_inputs_ready`].
-    pub fn set_inputs_ready(&self, ready: bool) {
-        self.inputs_ready.store(ready, Ordering::Relaxed);
+    /// Sets which of the next node's inputs are complete before the node launched just ahead of
+    /// it finishes (those that are not its outputs; the executor decides, and only under
+    /// programmatic launch). See [`Gpu::take_ready_inputs`].
+    pub fn set_ready_inputs(&self, ready: ReadyInputs) {
+        self.ready_inputs.store(ready.0, Ordering::Relaxed);
     }
 
-    /// For the first kernel a node launches: whether it may read its inputs and compute before
-    /// its wait (`wait_for_producers_unless` in kernels/common.cuh), passed to the kernel as its
-    /// `inputs_ready` argument. Taking it clears it, so a node's later kernels (which read the
-    /// first one's results) always wait first.
-    pub fn take_inputs_ready(&self) -> bool {
-        self.inputs_ready.swap(false, Ordering::Relaxed)
+    /// For the first kernel a node launches: which of the node's inputs it may read before its
+    /// wait (`wait_for_producers_unless` in kernels/common.cuh). Taking it clears it, so a node's
+    /// later kernels (which read the first one's results) always wait first.
+    pub fn take_ready_inputs(&self) -> ReadyInputs {
+        ReadyInputs(self.ready_inputs.swap(0, Ordering::Relaxed))
     }
 
     pub fn programmatic_launch(&self) -> bool {

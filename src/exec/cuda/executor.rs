@@ -15,7 +15,7 @@ use crate::ops::gdn::GdnShape;
 use crate::ops::indexer::IndexerShape;
 use crate::weights::Weights;
 
-use super::device::{Buf, Gpu};
+use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
 use super::launch::{self, attention, gdn, layout, moe, DeviceMatrix};
 
@@ -742,18 +742,18 @@ fn record_segment<'p>(
         let slots = &io.node_slots[index];
         gpu.set_slots(slots);
         gpu.next_node_scratch();
-        gpu.set_inputs_ready(
-            index > seg.start
-                && runs_ahead_of(node, &program.nodes[index - 1])
-                && gpu.programmatic_launch(),
-        );
+        gpu.set_ready_inputs(if index > seg.start && gpu.programmatic_launch() {
+            ready_after(node, &program.nodes[index - 1])
+        } else {
+            ReadyInputs::NONE
+        });
         let mut result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
         let mut untaken = 0;
         if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
             // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
             untaken += gpu.set_slots(slots);
             gpu.next_node_scratch();
-            gpu.set_inputs_ready(false);
+            gpu.set_ready_inputs(ReadyInputs::NONE);
             if let Err(e) = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap) {
                 result = Err(e);
             }
@@ -834,14 +834,21 @@ fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
 }
 
 /// Launches the kernels of one node; `bufs` are the node's states, in its declared order.
-/// Whether `node`'s kernels may read its inputs before the node launched just before it
-/// (`previous`) has finished: none of its inputs is one of `previous`'s outputs, so under
-/// programmatic launch every kernel that wrote them has finished by the time `node` starts
+/// The inputs of `node` that its kernels may read before the node launched just before it
+/// (`previous`) has finished: those that are not `previous`'s outputs, since under programmatic
+/// launch every kernel that wrote them has finished by the time `node` starts
 /// (`wait_for_producers_unless` in kernels/common.cuh). The graph files' node order decides how
 /// often this holds (graphs/qwen4exp/moe.ron puts the shared expert between the router and the
 /// routed experts so that both run ahead).
-fn runs_ahead_of(node: &crate::ir::Node, previous: &crate::ir::Node) -> bool {
-    !node.inputs.iter().any(|i| previous.outputs.contains(i))
+fn ready_after(node: &crate::ir::Node, previous: &crate::ir::Node) -> ReadyInputs {
+    ReadyInputs(
+        node.inputs
+            .iter()
+            .take(64)
+            .enumerate()
+            .filter(|(_, i)| !previous.outputs.contains(i))
+            .fold(0, |m, (k, _)| m | 1 << k),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -22,7 +22,7 @@ pub mod launch;
 pub mod launcher;
 pub mod probe;
 
-pub use device::Gpu;
+pub use device::{Gpu, ReadyInputs};
 
 /// The CUDA kernel variants of an op kind (the first is the default), as rules name them.
 pub fn variants(kind: &str) -> &'static [&'static str] {

@@ -623,10 +623,13 @@ pub fn moe_shared_write(
     let f = gpu.function("linear.cu", kernel)?;
     let mut y = gpu.output::<f32>(h.len(), kernel)?;
     let (h64, i64_, s32) = (hid as i64, inter as i64, streams as i32);
+    // The kernel runs ahead of the node before it (the routed experts, whose output `a` it
+    // reads after its wait) when x and s (the node's inputs 2 and 3) are ready.
+    let ready = gpu.take_ready_inputs().all(&[2, 3]) as i32;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(h).arg(inj).arg(x).arg(s).arg(a);
     arg_matrix(&mut b, wd);
-    b.arg(wg).arg(&h64).arg(&i64_).arg(&s32);
+    b.arg(wg).arg(&h64).arg(&i64_).arg(&s32).arg(&ready);
     let cfg = LaunchConfig {
         grid_dim: (
             hid.div_ceil(8).clamp(1, 65_535 * 8) as u32,

@@ -286,8 +286,9 @@ pub fn moe_experts(
         block_dim,
         shared_mem_bytes: 0,
     };
-    // The kernel runs ahead of the node before it when the executor allows (a warp a unit).
-    let ready = gpu.take_inputs_ready() as i32;
+    // The kernel runs ahead of the node before it when x, the ids and their weights (the node's
+    // inputs 0-2) are ready.
+    let ready = gpu.take_ready_inputs().all(&[0, 1, 2]) as i32;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
