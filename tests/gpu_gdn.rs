@@ -80,14 +80,19 @@ fn causal_conv_matches_the_cpu_reference() {
                 let x = random_scaled(&mut rng, width, 1.0);
                 let want = conv::causal_conv(&x, &mut cpu_window, &w, 1, kernel, dilation, silu);
                 let dx = gpu.upload(&x, "x").unwrap();
-                let y = gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 1, kernel, dilation, silu)
-                    .unwrap();
+                let y =
+                    gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 1, kernel, dilation, silu).unwrap();
                 let s = format!(
                     "step {step} of 1 C{width} K{kernel} d{dilation} silu{}",
                     silu as u8
                 );
                 report.check("causal_conv_step_f32", &s, &down(&gpu, &y), &want);
-                report.check("causal_conv_step_f32 window", &s, &down(&gpu, &dwin), &cpu_window);
+                report.check(
+                    "causal_conv_step_f32 window",
+                    &s,
+                    &down(&gpu, &dwin),
+                    &cpu_window,
+                );
             }
 
             // 8 rows at once, and 5 then 3 with the window carried, on both sides.

@@ -366,15 +366,14 @@ fn kernels_match_the_cpu_reference() {
                 widen(&bits),
             ),
         ] {
-            let got = gpu
-                .download(
-                    &launch::linear::moe_shared_write(
-                        &gpu, &dh, &dinj, &dx, &dsh, &da, &dwd, &dwg, t, c,
-                    )
-                    .unwrap(),
-                    "y",
+            let run = || {
+                let y = launch::linear::moe_shared_write(
+                    &gpu, &dh, &dinj, &dx, &dsh, &da, &dwd, &dwg, t, c,
                 )
                 .unwrap();
+                gpu.download(&y, "y").unwrap()
+            };
+            let got = run();
             report.check(
                 &format!("moe_shared_write_reference_{dtype}"),
                 &s,
@@ -384,15 +383,7 @@ fn kernels_match_the_cpu_reference() {
             // Running ahead (x and s ready; a is the node ahead's output, read after the wait):
             // the same bits.
             gpu.set_ready_inputs(ReadyInputs(0b01100));
-            let ahead = gpu
-                .download(
-                    &launch::linear::moe_shared_write(
-                        &gpu, &dh, &dinj, &dx, &dsh, &da, &dwd, &dwg, t, c,
-                    )
-                    .unwrap(),
-                    "y",
-                )
-                .unwrap();
+            let ahead = run();
             report.same(
                 &format!("moe_shared_write_reference_{dtype} ahead"),
                 &s,

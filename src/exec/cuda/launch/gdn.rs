@@ -73,25 +73,13 @@ pub fn causal_conv(
             .arg(&k32)
             .arg(&d32)
             .arg(&s32);
-        // SAFETY: as below; each thread reads and then rewrites only its own channel's window.
+        // SAFETY: the shapes checked above (see many_rows_conv); each thread reads and then
+        // rewrites only its own channel's window.
         launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
         return Ok(y);
     }
-    if kernel <= CONV_MAX_TAPS {
+    let y = if kernel <= CONV_MAX_TAPS {
         // A thread per channel over runs of CONV_ROWS rows (no division an element).
-        let rows_name = "causal_conv_rows_f32";
-        let f = gpu.function("gdn.cu", rows_name)?;
-        let mut y = gpu.output::<f32>(n, rows_name)?;
-        let mut b = gpu.launch_builder(&f);
-        b.arg(&mut *y)
-            .arg(x)
-            .arg(&*window)
-            .arg(w)
-            .arg(&r64)
-            .arg(&w64)
-            .arg(&k32)
-            .arg(&d32)
-            .arg(&s32);
         let cfg = LaunchConfig {
             grid_dim: (
                 width.div_ceil(256).clamp(1, 65_535) as u32,
@@ -101,30 +89,63 @@ pub fn causal_conv(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: as below; kernel <= CONV_MAX_TAPS (the kernel's register weights); both grid
-        // dimensions stride.
-        launched(rows_name, unsafe { b.launch(cfg) })?;
-        shift_window(gpu, window, x, rows, width, past)?;
-        return Ok(y);
-    }
-    let f = gpu.function("gdn.cu", name)?;
-    let mut y = gpu.output::<f32>(n, name)?;
-    {
-        let mut b = gpu.launch_builder(&f);
-        b.arg(&mut *y)
-            .arg(x)
-            .arg(&*window)
-            .arg(w)
-            .arg(&r64)
-            .arg(&w64)
-            .arg(&k32)
-            .arg(&d32)
-            .arg(&s32);
-        // SAFETY: y and x hold rows*width floats, window past*width, w width*kernel (checked
-        // above); every ext row read is in [0, past + rows).
-        launched(name, unsafe { b.launch(grid_for(n, 256)) })?;
-    }
+        // kernel <= CONV_MAX_TAPS (the kernel's register weights); both grid dimensions stride.
+        many_rows_conv(
+            gpu,
+            "causal_conv_rows_f32",
+            cfg,
+            x,
+            window,
+            w,
+            [r64, w64],
+            [k32, d32, s32],
+        )?
+    } else {
+        // A thread per value.
+        many_rows_conv(
+            gpu,
+            name,
+            grid_for(n, 256),
+            x,
+            window,
+            w,
+            [r64, w64],
+            [k32, d32, s32],
+        )?
+    };
     shift_window(gpu, window, x, rows, width, past)?;
+    Ok(y)
+}
+
+/// A many-row convolution kernel (`causal_conv_rows_f32` or `causal_conv_reference_f32`: the
+/// same arguments) into a new output; the window is only read. Shapes were checked by the
+/// caller: y and x hold rows*width floats, window past*width, w width*kernel, and every ext row
+/// read is in [0, past + rows).
+#[allow(clippy::too_many_arguments)]
+fn many_rows_conv(
+    gpu: &Gpu,
+    name: &str,
+    cfg: LaunchConfig,
+    x: &CudaSlice<f32>,
+    window: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    [rows, width]: [i64; 2],
+    [kernel, dilation, silu]: [i32; 3],
+) -> Result<Buf<f32>, CudaError> {
+    let f = gpu.function("gdn.cu", name)?;
+    let mut y = gpu.output::<f32>((rows * width) as usize, name)?;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *y)
+        .arg(x)
+        .arg(window)
+        .arg(w)
+        .arg(&rows)
+        .arg(&width)
+        .arg(&kernel)
+        .arg(&dilation)
+        .arg(&silu);
+    // SAFETY: the shapes above, checked by the caller.
+    launched(name, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
 
