@@ -9,7 +9,9 @@
 #
 # Writes $OUT/marginal.log (or results/ when OUT is unset): each run's command, and a table.
 # Commit it under results/<date>-marginal-costs.log. Runs vary by about ±0.01 ms a step, so a
-# node's figure is uncertain by about that divided by its count.
+# node's figure is uncertain by about that divided by its count. A kind whose kernels run ahead of
+# the node before them (kernels/common.cuh) reads low here: its second launch runs ahead of its
+# first. Only the step's total says whether a change gained (results/2026-11-30-qsa-ahead-experiment.log).
 source "$(dirname "$0")/gpu_env.sh"
 kinds=("$@")
 if [ ${#kinds[@]} -eq 0 ]; then
