@@ -1373,3 +1373,49 @@ fn i64_state(buf: &mut DevState) -> &mut CudaSlice<i64> {
         DevState::F32(_) => unreachable!("state kinds follow the templates"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Device;
+    use crate::lower::{lower, GraphSet, LowerOptions};
+    use crate::plan::ModelPlan;
+
+    /// graphs/qwen4exp/moe.ron orders the MoE block so that, in a CUDA decode step, the shared
+    /// expert's gate/up runs ahead of the router, the routed experts ahead of the shared expert,
+    /// and the block's end takes the shared expert's down rows ahead of the routed experts (whose
+    /// output it reads after its wait). A reordering that loses this shows up here.
+    #[test]
+    fn the_moe_block_runs_ahead_in_a_decode_step() {
+        let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/configs/qwen3.8-flash-next.json");
+        let plan = ModelPlan::from_file(&config).unwrap();
+        let opts = LowerOptions {
+            device: Device::Cuda,
+            ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+        };
+        let program = lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+            .unwrap()
+            .program;
+        let nodes = &program.nodes;
+        let mut checked = 0;
+        for (i, node) in nodes.iter().enumerate().skip(1) {
+            let ready = ready_after(node, &nodes[i - 1]);
+            let ok = match node.op.kind() {
+                "swiglu_linear" => ready.all(&[0]),
+                "moe_experts" => ready.all(&[0, 1, 2]),
+                "moe_shared_write" => ready.all(&[2, 3]) && !ready.all(&[4]),
+                _ => continue,
+            };
+            assert!(
+                ok,
+                "{} ({}) after {}: {ready:?}",
+                node.name,
+                node.op.kind(),
+                nodes[i - 1].name
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 3 * plan.layers.len(), "one of each a layer");
+    }
+}
