@@ -1,6 +1,7 @@
 // Gated DeltaNet: the causal depthwise convolution with its window state (src/ops/conv.rs is the
 // reference), the gates and the delta-rule recurrence (src/ops/gdn.rs is the reference).
 #include "common.cuh"
+#include "vec.cuh"
 
 #define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
@@ -307,18 +308,8 @@ struct GdnLanes {
         return keep;
     }
 
-    // The lane's ROWS rows from r0 of a staged q or k row, as float4s.
-    __device__ static void read_rows(float* dst, const float* staged, int r0) {
-        const float4* v4 = (const float4*)&staged[pad(r0)];
-#pragma unroll
-        for (int m = 0; m < ROWS / 4; m++) {
-            const float4 v = v4[m];
-            dst[4 * m] = v.x;
-            dst[4 * m + 1] = v.y;
-            dst[4 * m + 2] = v.z;
-            dst[4 * m + 3] = v.w;
-        }
-    }
+    // The lane's ROWS rows from r0 of a staged q or k row, as float4s (vec.cuh's act_chunk).
+    __device__ static void read_rows(float* dst, const float* staged, int r0) { act_chunk<ROWS>(staged + pad(r0), 0, dst); }
 
     // One token of the delta rule on the lane's columns s0, s1 (its rows from r0): decay, u from
     // (Sᵀk) (`v_mine`: v of the column this lane reduces; `mine`: that column is < dv), the
