@@ -36,9 +36,52 @@ __device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + ex
 // (activations, state, its outputs, scratch): it returns once the kernels before it have finished
 // and their writes are visible. It then lets the next kernel be scheduled, which starts that
 // kernel's weight reads during this one's tail. Without the launch attribute both are no-ops.
+#ifdef GRAPHRUN_TRACE
+// The step timeline (`graphrun bench --trace`, src/exec/cuda/trace.rs): kernels compiled with
+// GRAPHRUN_TRACE have block (0,0,0) record, once per launch, the launch's grid id, when it
+// reached its wait and when the wait returned (%globaltimer, ns). The host points this at the
+// trace buffer after loading the module: [0] counts records, record i is the four words at
+// 8 + 4i. Only one block records, so that the atomic does not delay the kernels it measures.
+extern "C" {
+__device__ unsigned long long* graphrun_trace;
+}
+__device__ __forceinline__ unsigned long long trace_clock() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ bool trace_recorder() {
+    return graphrun_trace != nullptr && threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 &&
+           blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+}
+__device__ __forceinline__ void trace_record(unsigned long long arrived) {
+    const unsigned long long released = trace_clock();
+    unsigned long long grid;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long i = atomicAdd(graphrun_trace, 1ull);
+    const unsigned long long capacity = graphrun_trace[1];
+    if (i < capacity) {
+        unsigned long long* r = graphrun_trace + 8 + 4 * i;
+        r[0] = grid;
+        r[1] = arrived;
+        r[2] = released;
+        r[3] = ((unsigned long long)sm << 32) | (gridDim.x * gridDim.y * gridDim.z);
+    }
+}
+#endif
+
 __device__ __forceinline__ void wait_for_producers() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef GRAPHRUN_TRACE
+    const bool recorder = trace_recorder();
+    const unsigned long long arrived = recorder ? trace_clock() : 0ull;
+#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef GRAPHRUN_TRACE
+    if (recorder) trace_record(arrived);
+#endif
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -33,6 +33,10 @@ pub struct BenchOptions {
     /// the decode times then include those nodes' marginal cost a second time. For measurement:
     /// the model's results are not what is timed.
     pub launch_twice: Vec<String>,
+    /// Also trace replayed decode steps at the largest context launch by launch
+    /// (`exec::cuda::trace`; the kernels are then built with the trace's records, which cost
+    /// every launch a few clock reads and one atomic).
+    pub trace: bool,
     pub layers: usize,
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
@@ -129,10 +133,25 @@ pub struct BenchReport {
     pub prefill_profile: Vec<ProfileRow>,
     /// The slowest nodes of that chunk, one row each.
     pub prefill_slowest_nodes: Vec<ProfileRow>,
+    /// With `--trace`: replayed decode steps at the largest context, each launch's time from
+    /// its release to the next one's (`exec::cuda::trace`), averaged over the traced steps.
+    pub graph_timeline: Vec<crate::exec::cuda::trace::LaunchTime>,
+    /// The timeline summed by node, then by op kind and variant as the profile is (the step's
+    /// last launch, which no release follows, is left out).
+    pub graph_profile: Vec<ProfileRow>,
+    pub graph_slowest_nodes: Vec<ProfileRow>,
+    /// The timeline's dense parts (every node but the routed experts): bytes over their time
+    /// in the graph, over the copy bandwidth.
+    pub graph_dense_fraction: f64,
 }
 
 /// Nodes listed one by one in the profile.
 const SLOWEST_NODES: usize = 16;
+
+/// Launch records the trace buffer holds (`--trace`): `TRACED_STEPS` decode steps of a few
+/// hundred launches each fit.
+const TRACE_CAPACITY: usize = 1 << 16;
+const TRACED_STEPS: usize = 32;
 
 #[derive(Debug, Serialize)]
 pub struct ProfileRow {
@@ -470,6 +489,9 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     }
     let schedule = schedule_summary(opts);
     let gpu = Gpu::new(0)?;
+    if opts.trace {
+        gpu.enable_trace(TRACE_CAPACITY)?;
+    }
     let device = format!(
         "{} (sm_{}{})",
         gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
@@ -539,6 +561,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
     let mut profile = Profile::default();
+    let mut graph_timeline = Vec::new();
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
@@ -595,8 +618,17 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             outside: (wall_us - (host.submit + host.wait + host.download) * 1e6)
                 / opts.decode_steps.max(1) as f64,
         };
+        let largest = ctx == *opts.contexts.iter().max().unwrap_or(&ctx);
+        if opts.trace && largest {
+            s.set_cuda_graphs(true);
+            s.cuda_trace(true)?;
+            for i in 0..TRACED_STEPS {
+                s.decode(token(i + 60, vocab))?;
+            }
+            graph_timeline = s.cuda_trace(false)?;
+        }
         let ms_eager = timed(&mut s, false)?;
-        if ctx == *opts.contexts.iter().max().unwrap_or(&ctx) {
+        if largest {
             s.set_cuda_graphs(false);
             s.cuda_profile(true);
             for i in 0..4 {
@@ -630,6 +662,21 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             bandwidth,
         )
     };
+    // The timeline by node (seconds a step), then as a profile.
+    let graph = {
+        let mut nodes: Vec<(String, usize, f64)> = Vec::new();
+        for l in &graph_timeline {
+            let (Some(us), Some(node)) = (l.us, l.label.split(' ').next()) else {
+                continue;
+            };
+            match nodes.iter_mut().find(|n| n.0 == node) {
+                Some(n) => n.2 += us / 1e6,
+                None => nodes.push((node.to_string(), 1, us / 1e6)),
+            }
+        }
+        let ctx = opts.contexts.iter().max().copied();
+        Profile::collect(&decode_program, &nodes, ctx, bandwidth)
+    };
     let linear_sweep = match (&model.backend, opts.sweep_linear) {
         (crate::runtime::Backend::Cuda { gpu, .. }, true) => {
             linear_sweep::run(gpu, &decode_program, bandwidth)?
@@ -660,7 +707,47 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         slowest_nodes: profile.slowest,
         prefill_profile,
         prefill_slowest_nodes: prefill_slowest,
+        graph_timeline,
+        graph_dense_fraction: fraction(graph.dense.0, graph.dense.1, bandwidth),
+        graph_profile: graph.by_op,
+        graph_slowest_nodes: graph.slowest,
     })
+}
+
+/// A decode profile's table by op and its slowest nodes.
+fn write_profile(
+    f: &mut std::fmt::Formatter<'_>,
+    by_op: &[ProfileRow],
+    slowest: &[ProfileRow],
+) -> std::fmt::Result {
+    writeln!(
+        f,
+        "  {:<24} {:>6} {:>10} {:>10} {:>10}",
+        "op", "nodes", "ms/step", "MB/step", "of copy bw"
+    )?;
+    for r in by_op {
+        writeln!(
+            f,
+            "  {:<24} {:>6} {:>10.3} {:>10.2} {:>10.3}",
+            r.op,
+            r.nodes_per_step,
+            r.ms_per_step,
+            r.bytes_per_step as f64 / 1e6,
+            r.fraction_of_copy_bandwidth
+        )?;
+    }
+    writeln!(f, "  slowest nodes:")?;
+    for r in slowest {
+        writeln!(
+            f,
+            "    {:<48} {:>10.4} ms {:>10.2} MB {:>8.3}",
+            r.op,
+            r.ms_per_step,
+            r.bytes_per_step as f64 / 1e6,
+            r.fraction_of_copy_bandwidth
+        )?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for BenchReport {
@@ -738,31 +825,30 @@ impl std::fmt::Display for BenchReport {
                 "  dense parts in the replayed graph (segments' time minus the experts' profiled time): {:.3} of copy bw",
                 self.dense_fraction_in_graph
             )?;
+            write_profile(f, &self.decode_profile, &self.slowest_nodes)?;
+        }
+        if !self.graph_profile.is_empty() {
+            let total: f64 = self.graph_profile.iter().map(|r| r.ms_per_step).sum();
             writeln!(
                 f,
-                "  {:<24} {:>6} {:>10} {:>10} {:>10}",
-                "op", "nodes", "ms/step", "MB/step", "of copy bw"
+                "decode timeline in the replayed graph at the largest context (--trace: each \
+                 launch from its release to the next one's; the last launch left out): {total:.3} \
+                 ms/step; dense parts {:.3} of copy bw",
+                self.graph_dense_fraction
             )?;
-            for r in &self.decode_profile {
+            write_profile(f, &self.graph_profile, &self.graph_slowest_nodes)?;
+            writeln!(
+                f,
+                "  launches (us from release to the next release; us block 0 waited):"
+            )?;
+            for l in &self.graph_timeline {
                 writeln!(
                     f,
-                    "  {:<24} {:>6} {:>10.3} {:>10.2} {:>10.3}",
-                    r.op,
-                    r.nodes_per_step,
-                    r.ms_per_step,
-                    r.bytes_per_step as f64 / 1e6,
-                    r.fraction_of_copy_bandwidth
-                )?;
-            }
-            writeln!(f, "  slowest nodes:")?;
-            for r in &self.slowest_nodes {
-                writeln!(
-                    f,
-                    "    {:<48} {:>10.4} ms {:>10.2} MB {:>8.3}",
-                    r.op,
-                    r.ms_per_step,
-                    r.bytes_per_step as f64 / 1e6,
-                    r.fraction_of_copy_bandwidth
+                    "    {:<64} {:>6} blocks {:>8} {:>8.2}",
+                    l.label,
+                    l.blocks,
+                    l.us.map_or("-".to_string(), |u| format!("{u:.2}")),
+                    l.waited_us
                 )?;
             }
         }

@@ -81,6 +81,10 @@ struct BenchArgs {
     /// replayed graph. A measurement: the model's results are not what is timed.
     #[arg(long, value_delimiter = ',', value_name = "KINDS")]
     launch_twice: Vec<String>,
+    /// Also trace replayed decode steps at the largest context, launch by launch inside the
+    /// graph (kernels built with the trace's records: a few clock reads and one atomic a launch).
+    #[arg(long)]
+    trace: bool,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -463,6 +467,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 overrides: a.schedule.overrides()?,
                 fusions: a.schedule.fusions(),
                 launch_twice: a.launch_twice.clone(),
+                trace: a.trace,
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
             println!("{report}");

@@ -132,6 +132,23 @@ impl<'m> Session<'m> {
         taken
     }
 
+    /// Starts (or, with `false`, stops and returns) the timeline of replayed CUDA-graph steps,
+    /// launch by launch (`exec::cuda::trace`; the device must have been given
+    /// `Gpu::enable_trace` before the model was made). Empty on the CPU.
+    pub fn cuda_trace(&mut self, on: bool) -> Result<Vec<crate::exec::cuda::trace::LaunchTime>> {
+        let (Some(d), Backend::Cuda { gpu, .. }) =
+            (self.device_state.as_mut(), &self.model.backend)
+        else {
+            return Ok(Vec::new());
+        };
+        if on {
+            d.start_trace(gpu)?;
+            Ok(Vec::new())
+        } else {
+            Ok(d.finish_trace(gpu)?)
+        }
+    }
+
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
     pub fn graph_replays(&self) -> usize {
         self.device_state.as_ref().map_or(0, |d| d.replays)

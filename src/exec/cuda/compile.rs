@@ -47,12 +47,25 @@ pub struct Compiled {
     pub from_cache: bool,
 }
 
-/// Compiles `kernels/<file>` for compute capability `(major, minor)`.
-pub fn compile(file: &str, arch: (i32, i32), cache: Option<&Path>) -> Result<Compiled, CudaError> {
+/// The option that builds the kernels with the step timeline's records (`kernels/common.cuh`,
+/// `exec::cuda::trace`).
+pub const TRACE_OPTION: &str = "-DGRAPHRUN_TRACE";
+
+/// Compiles `kernels/<file>` for compute capability `(major, minor)`; with `trace`, with the
+/// timeline's records ([`TRACE_OPTION`]).
+pub fn compile(
+    file: &str,
+    arch: (i32, i32),
+    cache: Option<&Path>,
+    trace: bool,
+) -> Result<Compiled, CudaError> {
     let source = kernels::expand(file)?;
     let arch_flag = format!("--gpu-architecture=sm_{}{}", arch.0, arch.1);
     let mut key_parts = vec![source.as_str(), arch_flag.as_str()];
     key_parts.extend(OPTIONS);
+    if trace {
+        key_parts.push(TRACE_OPTION);
+    }
     let stem = file.trim_end_matches(".cu");
     let cached = cache.map(|d| d.join(format!("{stem}-{:016x}.ptx", fnv1a(&key_parts))));
     if let Some(path) = &cached {
@@ -69,6 +82,9 @@ pub fn compile(file: &str, arch: (i32, i32), cache: Option<&Path>) -> Result<Com
     }
     let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
     options.push(arch_flag.clone());
+    if trace {
+        options.push(TRACE_OPTION.to_string());
+    }
     let opts = CompileOptions {
         name: Some(file.to_string()),
         options,
@@ -159,8 +175,14 @@ mod tests {
             return;
         }
         for file in super::kernels::files() {
-            let compiled = compile(file, (9, 0), None).unwrap_or_else(|e| panic!("{e}"));
+            let compiled = compile(file, (9, 0), None, false).unwrap_or_else(|e| panic!("{e}"));
             assert!(compiled.ptx.contains(".target sm_90"), "{file}");
+            assert!(!compiled.ptx.contains("%globaltimer"), "{file}");
+            // The timeline's build compiles too, and its kernels record: the host finds the
+            // buffer pointer by its unmangled name.
+            let traced = compile(file, (9, 0), None, true).unwrap_or_else(|e| panic!("{e}"));
+            assert!(traced.ptx.contains(".u64 graphrun_trace;"), "{file}");
+            assert!(traced.ptx.contains("%globaltimer"), "{file}");
             for (kernel, body) in entries(&compiled.ptx) {
                 assert!(
                     !body.contains("__local_depot"),
@@ -200,7 +222,7 @@ mod tests {
             return; // a machine with CUDA: the GPU tests cover compilation
         }
         assert!(matches!(
-            compile("norm.cu", (9, 0), None),
+            compile("norm.cu", (9, 0), None, false),
             Err(CudaError::NoNvrtc)
         ));
     }

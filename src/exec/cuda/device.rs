@@ -18,6 +18,7 @@ use super::compile;
 use super::error::CudaError;
 use super::launcher::KernelLaunch;
 use super::probe::{probe, DeviceInfo};
+use super::trace::{self, Tracer};
 
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -46,6 +47,12 @@ pub struct Gpu {
     ready_inputs: AtomicU64,
     /// Streaming multiprocessors (sizes the split of decode attention).
     pub multiprocessors: usize,
+    /// The step timeline, when on ([`Gpu::enable_trace`]): kernels loaded after it record
+    /// their launches (`exec::cuda::trace`).
+    tracer: Mutex<Option<Tracer>>,
+    tracing: AtomicBool,
+    /// Kernel names by function handle, for the timeline's labels.
+    names: Mutex<HashMap<usize, String>>,
 }
 
 /// The inputs of a node (by their place in the node's input list, up to 64) that are complete
@@ -193,6 +200,9 @@ impl Gpu {
             programmatic: AtomicBool::new(programmatic),
             ready_inputs: AtomicU64::new(0),
             multiprocessors,
+            tracer: Mutex::new(None),
+            tracing: AtomicBool::new(false),
+            names: Mutex::new(HashMap::new()),
         })
     }
 
@@ -216,6 +226,7 @@ impl Gpu {
                         file,
                         self.info.compute_capability,
                         self.cache_dir.as_deref(),
+                        self.tracing(),
                     )?;
                     if !compiled.from_cache {
                         self.compiled
@@ -229,6 +240,7 @@ impl Gpu {
                         .map_err(|e| {
                             CudaError::driver(format!("loading kernels/{file}"), None, e)
                         })?;
+                    self.point_at_trace(file, &m)?;
                     modules.insert(file.to_string(), m.clone());
                     m
                 }
@@ -244,7 +256,124 @@ impl Gpu {
             .lock()
             .expect("function cache lock")
             .insert(key, f.clone());
+        self.names
+            .lock()
+            .expect("kernel names lock")
+            .insert(f.cu_function() as usize, name.to_string());
         Ok(f)
+    }
+
+    /// Turns the step timeline on (`exec::cuda::trace`): a buffer for `capacity` records, and
+    /// the kernels loaded from now on built to record into it (those loaded before are
+    /// forgotten, so every later launch records; graphs captured before keep the old ones).
+    pub fn enable_trace(&self, capacity: usize) -> Result<(), CudaError> {
+        let mut header = vec![0u64; trace::HEADER_WORDS + trace::RECORD_WORDS * capacity];
+        header[1] = capacity as u64;
+        let buffer = self.upload(&header, "the trace buffer")?;
+        *self.tracer.lock().expect("tracer lock") = Some(Tracer {
+            buffer,
+            capacity,
+            log: None,
+            node: String::new(),
+        });
+        self.modules.lock().expect("module cache lock").clear();
+        self.functions.lock().expect("function cache lock").clear();
+        self.tracing.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn tracing(&self) -> bool {
+        self.tracing.load(Ordering::Relaxed)
+    }
+
+    /// Points a traced module's `graphrun_trace` at the trace buffer.
+    fn point_at_trace(&self, file: &str, module: &Arc<CudaModule>) -> Result<(), CudaError> {
+        let tracer = self.tracer.lock().expect("tracer lock");
+        let Some(t) = tracer.as_ref() else {
+            return Ok(());
+        };
+        let address = t.buffer.device_ptr(&self.stream).0;
+        let doing = || format!("pointing kernels/{file} at the trace buffer");
+        let mut global = module
+            .get_global("graphrun_trace", &self.stream)
+            .map_err(|e| CudaError::driver(doing(), None, e))?;
+        // SAFETY: the global is one 8-byte pointer (kernels/common.cuh).
+        let mut word =
+            unsafe { global.transmute_mut::<u64>(1) }.ok_or_else(|| CudaError::Driver {
+                doing: doing(),
+                msg: "graphrun_trace is not one pointer".into(),
+            })?;
+        self.stream
+            .memcpy_htod(&[address], &mut word)
+            .map_err(|e| CudaError::driver(doing(), None, e))
+    }
+
+    /// The node whose launches follow (for the timeline's labels).
+    pub fn set_trace_node(&self, node: &str) {
+        if self.tracing() {
+            if let Some(t) = self.tracer.lock().expect("tracer lock").as_mut() {
+                t.node.clear();
+                t.node.push_str(node);
+            }
+        }
+    }
+
+    /// Starts (or, with `false`, stops and returns) the labels of the launches in between.
+    pub fn trace_log(&self, on: bool) -> Vec<String> {
+        let mut tracer = self.tracer.lock().expect("tracer lock");
+        let Some(t) = tracer.as_mut() else {
+            return Vec::new();
+        };
+        let taken = t.log.take().unwrap_or_default();
+        if on {
+            t.log = Some(Vec::new());
+        }
+        taken
+    }
+
+    /// Called by every launch: its label, while the log runs.
+    pub fn trace_launch(&self, func: &CudaFunction) {
+        if !self.tracing() {
+            return;
+        }
+        let name = self
+            .names
+            .lock()
+            .expect("kernel names lock")
+            .get(&(func.cu_function() as usize))
+            .cloned()
+            .unwrap_or_else(|| "?".into());
+        if let Some(t) = self.tracer.lock().expect("tracer lock").as_mut() {
+            let label = format!("{} {name}", t.node);
+            if let Some(log) = t.log.as_mut() {
+                log.push(label);
+            }
+        }
+    }
+
+    /// Empties the trace buffer (on the stream: after what was launched before).
+    pub fn trace_reset(&self) -> Result<(), CudaError> {
+        let mut tracer = self.tracer.lock().expect("tracer lock");
+        let Some(t) = tracer.as_mut() else {
+            return Ok(());
+        };
+        let mut first = t.buffer.slice_mut(0..1);
+        self.stream
+            .memcpy_htod(&[0u64], &mut first)
+            .map_err(|e| CudaError::driver("emptying the trace buffer", None, e))
+    }
+
+    /// The records written since the last reset (waits for the stream).
+    pub fn trace_records(&self) -> Result<Vec<trace::Record>, CudaError> {
+        let tracer = self.tracer.lock().expect("tracer lock");
+        let Some(t) = tracer.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let words = self
+            .stream
+            .clone_dtoh(&t.buffer)
+            .map_err(|e| CudaError::driver("downloading the trace buffer", None, e))?;
+        Ok(trace::parse(&words))
     }
 
     pub fn upload<T: DeviceRepr>(&self, data: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {

@@ -301,6 +301,11 @@ pub struct DeviceState {
     /// that have it; off for profiled and node-by-node synchronised steps, whose per-node events
     /// and waits separate the kernels anyway. Change it with [`DeviceState::set_programmatic_launch`].
     programmatic_launch: bool,
+    /// With the step timeline on (`Gpu::enable_trace`): the labels of each captured graph's
+    /// launches, in order, and the replays traced since [`DeviceState::start_trace`] (all of
+    /// one step shape).
+    trace_labels: HashMap<GraphKey, Vec<String>>,
+    traced: Option<(Option<GraphKey>, usize)>,
 }
 
 /// Where the host's time goes in replayed steps (seconds in all over `steps`): from entering
@@ -330,7 +335,39 @@ impl DeviceState {
             sync_each_node: false,
             launch_twice: Vec::new(),
             programmatic_launch: true,
+            trace_labels: HashMap::new(),
+            traced: None,
         }
+    }
+
+    /// Starts tracing replayed steps (the device must have the timeline on: `Gpu::enable_trace`).
+    pub fn start_trace(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
+        if !gpu.tracing() {
+            return Err(CudaError::Driver {
+                doing: "tracing replayed steps".into(),
+                msg: "the device's timeline is off (Gpu::enable_trace)".into(),
+            });
+        }
+        gpu.trace_reset()?;
+        self.traced = Some((None, 0));
+        Ok(())
+    }
+
+    /// Stops tracing and returns the timeline of the replayed steps since [`start_trace`]
+    /// (`exec::cuda::trace::timeline`), averaged over them.
+    ///
+    /// [`start_trace`]: DeviceState::start_trace
+    pub fn finish_trace(&mut self, gpu: &Gpu) -> Result<Vec<super::trace::LaunchTime>, CudaError> {
+        let (key, replays) = self.traced.take().unwrap_or((None, 0));
+        let records = gpu.trace_records()?;
+        let labels = key
+            .and_then(|k| self.trace_labels.get(&k))
+            .cloned()
+            .unwrap_or_default();
+        super::trace::timeline(&records, &labels, replays).map_err(|msg| CudaError::Driver {
+            doing: "reading the step timeline".into(),
+            msg,
+        })
     }
 
     /// Launches the nodes of these op kinds twice from the next step on (see the
@@ -556,9 +593,25 @@ fn launch_step(
         }
         state.replays += 1;
         replayed = true;
+        if let Some((traced_key, count)) = state.traced.as_mut() {
+            if traced_key.is_some_and(|k| k != key) {
+                return Err(CudaError::Driver {
+                    doing: "tracing replayed steps".into(),
+                    msg: "the traced steps are of more than one shape".into(),
+                });
+            }
+            *traced_key = Some(key);
+            *count += 1;
+        }
     } else if graphs && !first_use {
         // Captured segment by segment (see `record_nodes`), then launched in order.
-        let captured = record(gpu, program, weights, state, key, true)?;
+        gpu.trace_log(true);
+        let captured = record(gpu, program, weights, state, key, true);
+        let labels = gpu.trace_log(false);
+        let captured = captured?;
+        if gpu.tracing() {
+            state.trace_labels.insert(key, labels);
+        }
         for graph in &captured {
             graph
                 .launch()
@@ -742,6 +795,7 @@ fn record_segment<'p>(
         let slots = &io.node_slots[index];
         gpu.set_slots(slots);
         gpu.next_node_scratch();
+        gpu.set_trace_node(&node.name);
         gpu.set_ready_inputs(if index > seg.start && gpu.programmatic_launch() {
             ready_after(node, &program.nodes[index - 1])
         } else {

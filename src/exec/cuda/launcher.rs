@@ -92,6 +92,7 @@ impl<'a> KernelLaunch<'a> {
     /// and type, and the kernel must stay inside the buffers it is given.
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         self.gpu.ctx.bind_to_thread()?;
+        self.gpu.trace_launch(self.func);
         let mut params: Vec<*mut c_void> = self
             .args
             .iter_mut()

@@ -21,6 +21,7 @@ pub mod kernels;
 pub mod launch;
 pub mod launcher;
 pub mod probe;
+pub mod trace;
 
 pub use device::{Gpu, ReadyInputs};
 
