@@ -6,7 +6,8 @@
 #
 # Writes $OUT/bench.log (a header with the command and date, then the table) and $OUT/bench.json
 # (or results/ when OUT is unset); commit them under results/<date>-bench-*.{log,json}.
-# Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens.
+# Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens (each in one step,
+# as `graphrun run` prefills; add --chunk 2048 for chunks of 2048).
 source "$(dirname "$0")/gpu_env.sh"
 args=("$@")
 if [ ${#args[@]} -eq 0 ]; then

@@ -41,6 +41,7 @@ pub struct BenchOptions {
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
     pub decode_steps: usize,
+    /// Prefill tokens per step; 0: each prompt in one step (as `graphrun run` prefills).
     pub chunk: usize,
     pub ple_vocab_base: u64,
     pub seed: u64,
@@ -80,6 +81,7 @@ pub struct HostRow {
 #[derive(Debug, Serialize)]
 pub struct PrefillRow {
     pub prompt: usize,
+    /// Tokens per step (the prompt's length when it went in one step).
     pub chunk: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
@@ -477,7 +479,17 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // Graph files, rules and fusions are checked before the device is opened: lowering the
     // step shapes the bench runs names a bad one without a GPU.
     let graphs = options.graph_set()?;
-    for (phase, tokens) in [(Phase::Decode, 1), (Phase::Prefill, opts.chunk)] {
+    // The prefill step sizes the bench runs: the chunk, or each prompt whole (chunk 0).
+    let step_len = |n: usize| if opts.chunk == 0 { n } else { opts.chunk.min(n) };
+    let mut shapes = vec![(Phase::Decode, 1)];
+    shapes.extend(
+        opts.prefills
+            .iter()
+            .chain(&opts.contexts)
+            .map(|&n| (Phase::Prefill, step_len(n))),
+    );
+    shapes.dedup();
+    for (phase, tokens) in shapes {
         let lower_opts = options.lower_options(
             phase,
             tokens,
@@ -512,7 +524,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let chunk_prefill = |s: &mut crate::runtime::Session, n: usize, offset: usize| -> Result<()> {
         let mut done = 0;
         while done < n {
-            let len = opts.chunk.min(n - done);
+            let len = step_len(n - done);
             let ids: Vec<u32> = (done..done + len)
                 .map(|i| token(i + offset, vocab))
                 .collect();
@@ -521,12 +533,18 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         }
         Ok(())
     };
-    // Warm-up: compiles every kernel, lowers the programs.
+    // Warm-up: compiles every kernel, lowers the programs (each prompt's step shape when the
+    // prompts go whole).
     {
         let mut s = model.session();
-        chunk_prefill(&mut s, opts.chunk.min(max_ctx), 0)?;
+        chunk_prefill(&mut s, step_len(max_ctx), 0)?;
         for i in 0..3 {
             s.decode(token(i, vocab))?;
+        }
+        if opts.chunk == 0 {
+            for &n in &opts.prefills {
+                chunk_prefill(&mut model.session(), n, 0)?;
+            }
         }
     }
     let mut prefill = Vec::new();
@@ -537,7 +555,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         let secs = t.elapsed().as_secs_f64();
         prefill.push(PrefillRow {
             prompt: n,
-            chunk: opts.chunk,
+            chunk: step_len(n),
             seconds: secs,
             tokens_per_second: n as f64 / secs,
         });
@@ -545,8 +563,8 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // Where a prefill chunk's time goes: the first chunk of a prompt, node by node.
     let mut prefill_profile = Vec::new();
     let mut prefill_slowest = Vec::new();
-    if !opts.prefills.is_empty() {
-        let len = opts.chunk.min(max_ctx);
+    if let Some(&first) = opts.prefills.first() {
+        let len = step_len(first);
         let mut s = model.session();
         s.cuda_profile(true);
         let ids: Vec<u32> = (0..len).map(|i| token(i + 3, vocab)).collect();
@@ -854,17 +872,22 @@ impl std::fmt::Display for BenchReport {
         }
         writeln!(f, "prefill:")?;
         for r in &self.prefill {
+            let steps = if r.chunk >= r.prompt {
+                "in one step".to_string()
+            } else {
+                format!("in chunks of {}", r.chunk)
+            };
             writeln!(
                 f,
-                "  {:>6} tokens in chunks of {}: {:.3} s, {:.0} tokens/s",
-                r.prompt, r.chunk, r.seconds, r.tokens_per_second
+                "  {:>6} tokens {steps}: {:.3} s, {:.0} tokens/s",
+                r.prompt, r.seconds, r.tokens_per_second
             )?;
         }
         if !self.prefill_profile.is_empty() {
             let total: f64 = self.prefill_profile.iter().map(|r| r.ms_per_step).sum();
             writeln!(
                 f,
-                "prefill profile, first chunk (device events per node): {total:.1} ms in all"
+                "prefill profile, the first prompt's first step (device events per node): {total:.1} ms in all"
             )?;
             for r in &self.prefill_profile {
                 writeln!(

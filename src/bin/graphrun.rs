@@ -60,8 +60,8 @@ struct BenchArgs {
     prefills: Vec<usize>,
     #[arg(long, default_value_t = 32)]
     decode_steps: usize,
-    /// Prefill chunk (tokens per step).
-    #[arg(long, default_value_t = 2048)]
+    /// Prefill chunk (tokens per step); 0: each prompt in one step, as `graphrun run` prefills.
+    #[arg(long, default_value_t = 0)]
     chunk: usize,
     /// Prime base of the PLE n-gram table (the real 20000000 makes a 102 GB table; the lookup
     /// reads 16 rows a token whatever the table's size).
@@ -459,7 +459,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 contexts: a.contexts.clone(),
                 prefills: a.prefills.clone(),
                 decode_steps: a.decode_steps.max(1),
-                chunk: a.chunk.max(1),
+                chunk: a.chunk,
                 ple_vocab_base: a.ple_vocab_base,
                 seed: a.seed,
                 sweep_linear: a.sweep_linear,
