@@ -504,6 +504,66 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
     experts_down<bf16_t>(y, act, ids, w, down, tokens, top_k, hidden, inter, experts, lanes);
 }
 
+// The same sums, DOWN_ROWS output rows of one token a block (decode; the launcher's choice when
+// the shapes allow): the token's top_k act rows are staged in shared memory once a block, where
+// a block per row read them from L2 for every row (2560 blocks x 25.6 KB at the real geometry:
+// twice the bytes of the weights): 16.6 -> 14.7 us a layer in the replayed graph
+// (results/2026-11-30-trace-moe-down.log). A group of `lanes` lanes takes one (row, slot)
+// product at a time with down_share's chunks and order, and the row's sum is experts_down's:
+// the same bits. (Loading a group's next product before summing the current one made it
+// slower: 16.1 us, 80 registers.) Dynamic shared memory: top_k * inter + DOWN_ROWS * top_k
+// floats.
+#define DOWN_ROWS 8
+#define DOWN_ROWS_THREADS 256
+
+template <typename W>
+__device__ __forceinline__ void experts_down_rows(float* y, const float* act, const long long* ids, const float* w,
+                                                  const W* down, int top_k, long hidden, long inter, long experts,
+                                                  int lanes) {
+    extern __shared__ __align__(16) float down_smem[];
+    float* acts = down_smem;                        // [top_k, inter]
+    float* dots = down_smem + (long)top_k * inter;  // [DOWN_ROWS, top_k]
+    const long t = blockIdx.x / (hidden / DOWN_ROWS), r0 = (blockIdx.x - t * (hidden / DOWN_ROWS)) * DOWN_ROWS;
+    const int sl = (threadIdx.x & 31) % lanes, group = threadIdx.x / lanes, groups = blockDim.x / lanes;
+    const long n4 = (long)top_k * inter / 4;
+    const float4* src = reinterpret_cast<const float4*>(act + t * top_k * inter);
+    float4* dst = reinterpret_cast<float4*>(acts);
+    for (long i = threadIdx.x; i < n4; i += blockDim.x) dst[i] = src[i];
+    __syncthreads();
+    const int products = DOWN_ROWS * top_k;
+    // Every lane of a warp runs the same rounds (the shuffles take the whole warp).
+    for (int d0 = 0; d0 < products; d0 += groups) {
+        const int d = d0 + group;
+        float v = 0.0f;
+        if (d < products) {
+            const int rr = d / top_k, j = d - rr * top_k;
+            const long long e = ids[t * top_k + j];
+            v = (e < 0 || e >= experts) ? MOE_NAN
+                                        : down_share<W>(down + (e * hidden + r0 + rr) * inter, acts + (long)j * inter,
+                                                        inter, sl, lanes);
+        }
+        for (int off = lanes >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(MOE_FULL_MASK, v, off);
+        if (sl == 0 && d < products) dots[d] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < DOWN_ROWS) {
+        float acc = 0.0f;
+        for (int j = 0; j < top_k; j++)
+            acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], dots[threadIdx.x * top_k + j]));
+        y[t * hidden + r0 + threadIdx.x] = acc;
+    }
+}
+
+#define EXPERTS_DOWN_ROWS_KERNEL(W, SUFFIX)                                                                        \
+    extern "C" __global__ void __launch_bounds__(DOWN_ROWS_THREADS)                                               \
+        moe_experts_down_rows_##SUFFIX(float* y, const float* act, const long long* ids, const float* w,            \
+                                       const W* down, int top_k, long hidden, long inter, long experts, int lanes) { \
+        wait_for_producers();                                                                                       \
+        experts_down_rows<W>(y, act, ids, w, down, top_k, hidden, inter, experts, lanes);                          \
+    }
+EXPERTS_DOWN_ROWS_KERNEL(float, f32)
+EXPERTS_DOWN_ROWS_KERNEL(bf16_t, bf16)
+
 // ---------------------------------------------------------------------------------------------
 // Routed experts, expert-major (many tokens, `ops::moe::expert_major`): the slots are grouped by
 // expert on the device, then each expert's weights are read once per tile of EM_TILE of its

@@ -419,6 +419,24 @@ fn experts_match_the_reference() {
                 let got = gpu.download(&y, "y").unwrap();
                 let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
                 check(kernel, &shape, &got, &want);
+                // The down half a block per output row, where the rows form (DOWN_ROWS rows
+                // a block) took the shape: the same bits.
+                let per_row = gmoe::moe_experts_with_down(
+                    &gpu,
+                    &dx,
+                    &di,
+                    &dw,
+                    &dgu,
+                    &ddown,
+                    [rows, k, hidden, inter],
+                    false,
+                )
+                .unwrap();
+                assert_eq!(
+                    bits(&gpu.download(&per_row, "y").unwrap()),
+                    bits(&got),
+                    "{kernel} {shape}: a block per row"
+                );
                 // Running ahead (its inputs are complete: uploads): the same bits.
                 gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead =
@@ -596,6 +614,14 @@ fn experts_shape_errors_name_the_kernel() {
     let err =
         gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3).expect_err("a shape error");
     assert!(err.to_string().contains("moe_experts_gate_up_f32"), "{err}");
+    // Rows of 4 do not split into the rows form's blocks of 8.
+    let good_down = DeviceMatrix::F32(gpu.upload(&[1.0f32; 2 * 4 * 2], "down").unwrap());
+    let err = gmoe::moe_experts_with_down(&gpu, &x, &ids, &w, &gu, &good_down, [2, 1, 4, 2], true)
+        .expect_err("a shape error");
+    assert!(
+        err.to_string().contains("moe_experts_down_rows_f32"),
+        "{err}"
+    );
     let err = gmoe::moe_experts_expert_major(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2)
         .expect_err("a shape error");
     assert!(

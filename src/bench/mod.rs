@@ -137,9 +137,8 @@ pub struct BenchReport {
     pub prefill_slowest_nodes: Vec<ProfileRow>,
     /// With `--trace`: replayed decode steps at the largest context, each launch's time from
     /// its release to the next one's (`exec::cuda::trace`), averaged over the traced steps.
-    pub graph_timeline: Vec<crate::exec::cuda::trace::LaunchTime>,
-    /// The timeline summed by node, then by op kind and variant as the profile is (the step's
-    /// last launch, which no release follows, is left out).
+    pub graph_timeline: crate::exec::cuda::trace::Timeline,
+    /// The timeline summed by node, then by op kind and variant as the profile is.
     pub graph_profile: Vec<ProfileRow>,
     pub graph_slowest_nodes: Vec<ProfileRow>,
     /// The timeline's dense parts (every node but the routed experts): bytes over their time
@@ -480,7 +479,13 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // step shapes the bench runs names a bad one without a GPU.
     let graphs = options.graph_set()?;
     // The prefill step sizes the bench runs: the chunk, or each prompt whole (chunk 0).
-    let step_len = |n: usize| if opts.chunk == 0 { n } else { opts.chunk.min(n) };
+    let step_len = |n: usize| {
+        if opts.chunk == 0 {
+            n
+        } else {
+            opts.chunk.min(n)
+        }
+    };
     let mut shapes = vec![(Phase::Decode, 1)];
     shapes.extend(
         opts.prefills
@@ -579,7 +584,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let mut decode = Vec::new();
     let mut bytes_last = decode_bytes(&decode_program, 1);
     let mut profile = Profile::default();
-    let mut graph_timeline = Vec::new();
+    let mut graph_timeline = crate::exec::cuda::trace::Timeline::default();
     for &ctx in &opts.contexts {
         let mut s = model.session();
         chunk_prefill(&mut s, ctx, 11)?;
@@ -683,7 +688,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // The timeline by node (seconds a step), then as a profile.
     let graph = {
         let mut nodes: Vec<(String, usize, f64)> = Vec::new();
-        for l in &graph_timeline {
+        for l in &graph_timeline.launches {
             let (Some(us), Some(node)) = (l.us, l.label.split(' ').next()) else {
                 continue;
             };
@@ -850,23 +855,31 @@ impl std::fmt::Display for BenchReport {
             writeln!(
                 f,
                 "decode timeline in the replayed graph at the largest context (--trace: each \
-                 launch from its release to the next one's; the last launch left out): {total:.3} \
-                 ms/step; dense parts {:.3} of copy bw",
+                 launch from its release to the next one's, the step's end marked by an empty \
+                 kernel): {total:.3} ms/step; dense parts {:.3} of copy bw (a kernel running ahead \
+                 does its work before its release: it is counted in the launch before it)",
                 self.graph_dense_fraction
             )?;
             write_profile(f, &self.graph_profile, &self.graph_slowest_nodes)?;
+            let t = &self.graph_timeline;
             writeln!(
                 f,
-                "  launches (us from release to the next release; us block 0 waited):"
+                "  launches over {} replays ({} consecutive pairs released out of order): us from \
+                 release to the next release, us block 0 waited; then the first replay's record \
+                 (ns from its first release: arrived, released; SM)",
+                t.replays, t.out_of_order
             )?;
-            for l in &self.graph_timeline {
+            for (l, r) in t.launches.iter().zip(&t.first_replay) {
                 writeln!(
                     f,
-                    "    {:<64} {:>6} blocks {:>8} {:>8.2}",
+                    "    {:<64} {:>5} blocks {:>8} {:>8.2}   {:>8} {:>8} sm{}",
                     l.label,
                     l.blocks,
                     l.us.map_or("-".to_string(), |u| format!("{u:.2}")),
-                    l.waited_us
+                    l.waited_us,
+                    r.arrived_ns,
+                    r.released_ns,
+                    r.sm
                 )?;
             }
         }

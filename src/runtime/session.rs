@@ -135,15 +135,15 @@ impl<'m> Session<'m> {
     /// Starts (or, with `false`, stops and returns) the timeline of replayed CUDA-graph steps,
     /// launch by launch (`exec::cuda::trace`; the device must have been given
     /// `Gpu::enable_trace` before the model was made). Empty on the CPU.
-    pub fn cuda_trace(&mut self, on: bool) -> Result<Vec<crate::exec::cuda::trace::LaunchTime>> {
+    pub fn cuda_trace(&mut self, on: bool) -> Result<crate::exec::cuda::trace::Timeline> {
         let (Some(d), Backend::Cuda { gpu, .. }) =
             (self.device_state.as_mut(), &self.model.backend)
         else {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         };
         if on {
             d.start_trace(gpu)?;
-            Ok(Vec::new())
+            Ok(Default::default())
         } else {
             Ok(d.finish_trace(gpu)?)
         }

@@ -357,7 +357,7 @@ impl DeviceState {
     /// (`exec::cuda::trace::timeline`), averaged over them.
     ///
     /// [`start_trace`]: DeviceState::start_trace
-    pub fn finish_trace(&mut self, gpu: &Gpu) -> Result<Vec<super::trace::LaunchTime>, CudaError> {
+    pub fn finish_trace(&mut self, gpu: &Gpu) -> Result<super::trace::Timeline, CudaError> {
         let (key, replays) = self.traced.take().unwrap_or((None, 0));
         let records = gpu.trace_records()?;
         let labels = key
@@ -851,6 +851,12 @@ fn record_segment<'p>(
         for dead in &node.last_use {
             values.remove(dead.as_str());
         }
+    }
+    if gpu.tracing() {
+        // The timeline's end mark (`exec::cuda::trace`): its release is the segment's last
+        // node's end, so that node's time is measured too.
+        gpu.set_trace_node("end");
+        launch::trace_end(gpu)?;
     }
     if last {
         let logits = match values.remove(program.output.as_str()) {

@@ -63,20 +63,67 @@ pub struct LaunchTime {
     pub label: String,
     pub blocks: u32,
     /// From this kernel's release to the next one's, µs: what it costs the step (`None` for the
-    /// step's last launch, which no release follows).
+    /// step's last launch, which no release follows). A next release earlier than this one
+    /// (see [`Timeline::out_of_order`]) counts as 0.
     pub us: Option<f64>,
     /// How long block 0 waited at its wait, µs: how early the kernel was resident.
     pub waited_us: f64,
 }
 
+/// One launch of the first traced replay, as recorded (ns from that replay's first release).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LaunchRecord {
+    pub label: String,
+    pub grid: u64,
+    pub arrived_ns: i64,
+    pub released_ns: i64,
+    pub sm: u32,
+    pub blocks: u32,
+}
+
+/// The traced replays of one step shape.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Timeline {
+    pub replays: usize,
+    pub launches: Vec<LaunchTime>,
+    /// Pairs of consecutive launches (over all replays) whose second was released before the
+    /// first: block 0 of the first reached its wait late (after work before its wait, or
+    /// scheduled after other blocks), so its release is not the step's; the pair's first
+    /// launch then counts 0 and the next one the rest.
+    pub out_of_order: usize,
+    pub first_replay: Vec<LaunchRecord>,
+}
+
+/// The records in replays, each in launch order. A graph's kernel node keeps its grid id
+/// from replay to replay (measured on the H200: one id per node, assigned in the order the
+/// nodes were captured), so when there are `n` ids with `replays` records each, launch `i` is
+/// the `i`-th smallest id and its records, in time order, are replays 0, 1, ...; otherwise the
+/// records in release order are cut into replays of `n`.
+fn by_replay(records: &[Record], n: usize, replays: usize) -> Vec<Vec<Record>> {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.grid, r.released));
+    let stable_ids = sorted
+        .chunks(replays)
+        .all(|c| c.iter().all(|r| r.grid == c[0].grid))
+        && sorted.chunks(replays).count() == n
+        && sorted
+            .chunks(replays)
+            .zip(sorted.chunks(replays).skip(1))
+            .all(|(a, b)| a[0].grid != b[0].grid);
+    if stable_ids {
+        (0..replays)
+            .map(|r| (0..n).map(|i| sorted[i * replays + r]).collect())
+            .collect()
+    } else {
+        sorted.sort_by_key(|r| (r.released, r.grid));
+        sorted.chunks(n).map(|c| c.to_vec()).collect()
+    }
+}
+
 /// The launches of `replays` replays of a step whose captured launches are `labels`, from
 /// their records. An error says why the records do not line up with the labels (a kernel whose
-/// block 0 leaves before its wait, a buffer too small, records out of order).
-pub fn timeline(
-    records: &[Record],
-    labels: &[String],
-    replays: usize,
-) -> Result<Vec<LaunchTime>, String> {
+/// block 0 leaves before its wait, a buffer too small).
+pub fn timeline(records: &[Record], labels: &[String], replays: usize) -> Result<Timeline, String> {
     let n = labels.len();
     if n == 0 || replays == 0 {
         return Err("no traced launches".into());
@@ -88,38 +135,51 @@ pub fn timeline(
             records.len()
         ));
     }
-    let mut sorted = records.to_vec();
-    sorted.sort_by_key(|r| r.grid);
-    let mut out: Vec<LaunchTime> = labels
+    let replay_records = by_replay(records, n, replays);
+    let sorted: Vec<Record> = replay_records.concat();
+    let mut t = Timeline {
+        replays,
+        launches: labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LaunchTime {
+                label: l.clone(),
+                blocks: sorted[i].blocks,
+                us: (i + 1 < n).then_some(0.0),
+                waited_us: 0.0,
+            })
+            .collect(),
+        out_of_order: 0,
+        first_replay: Vec::new(),
+    };
+    let t0 = sorted[0].released as i64;
+    t.first_replay = sorted[..n]
         .iter()
-        .enumerate()
-        .map(|(i, l)| LaunchTime {
+        .zip(labels)
+        .map(|(r, l)| LaunchRecord {
             label: l.clone(),
-            blocks: sorted[i].blocks,
-            us: (i + 1 < n).then_some(0.0),
-            waited_us: 0.0,
+            grid: r.grid,
+            arrived_ns: r.arrived as i64 - t0,
+            released_ns: r.released as i64 - t0,
+            sm: r.sm,
+            blocks: r.blocks,
         })
         .collect();
-    for replay in sorted.chunks(n) {
+    for replay in &replay_records {
         for (i, r) in replay.iter().enumerate() {
             if let Some(next) = replay.get(i + 1) {
                 if next.released < r.released {
-                    return Err(format!(
-                        "launch {} ({}) was released before launch {i} ({}): the records are \
-                         not one chain",
-                        i + 1,
-                        labels[i + 1],
-                        labels[i]
-                    ));
+                    t.out_of_order += 1;
                 }
-                if let Some(us) = out[i].us.as_mut() {
-                    *us += (next.released - r.released) as f64 / 1e3 / replays as f64;
+                if let Some(us) = t.launches[i].us.as_mut() {
+                    *us += next.released.saturating_sub(r.released) as f64 / 1e3 / replays as f64;
                 }
             }
-            out[i].waited_us += r.released.saturating_sub(r.arrived) as f64 / 1e3 / replays as f64;
+            t.launches[i].waited_us +=
+                r.released.saturating_sub(r.arrived) as f64 / 1e3 / replays as f64;
         }
     }
-    Ok(out)
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -151,7 +211,10 @@ mod tests {
         assert_eq!(records.len(), 6);
         assert_eq!((records[0].sm, records[0].blocks), (3, 7));
         let labels: Vec<String> = ["a k1", "b k2", "c k3"].map(String::from).to_vec();
-        let t = timeline(&records, &labels, 2).unwrap();
+        let timeline = timeline(&records, &labels, 2).unwrap();
+        assert_eq!(timeline.out_of_order, 0);
+        assert_eq!(timeline.first_replay[1].released_ns, 300);
+        let t = timeline.launches;
         // a: 300 ns then 500 ns; b: 1600 then 400; c: the last.
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(t[0].us.unwrap(), 0.4), "{t:?}");
@@ -162,16 +225,37 @@ mod tests {
     }
 
     #[test]
-    fn records_that_do_not_line_up_are_an_error() {
+    fn a_graph_node_keeps_its_grid_id_from_replay_to_replay() {
+        // Three launches (ids 7, 8, 9) replayed twice; block 0 of launch 1 was late in the
+        // second replay (released after launch 2).
+        let w = words(&[
+            (9, 150, 300),
+            (7, 0, 100),
+            (8, 50, 200),
+            (7, 1000, 1100),
+            (8, 1050, 1400),
+            (9, 1150, 1300),
+        ]);
+        let labels: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let t = timeline(&parse(&w), &labels, 2).unwrap();
+        assert_eq!(t.out_of_order, 1);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // a: 100 then 300 ns; b: 100 then 0 (late).
+        assert!(close(t.launches[0].us.unwrap(), 0.2), "{t:?}");
+        assert!(close(t.launches[1].us.unwrap(), 0.05), "{t:?}");
+        assert_eq!(t.first_replay[2].grid, 9);
+    }
+
+    #[test]
+    fn records_that_do_not_line_up_are_an_error_and_late_releases_are_counted() {
         let labels: Vec<String> = ["a", "b"].map(String::from).to_vec();
         let missing = parse(&words(&[(1, 0, 10), (2, 5, 20), (3, 20, 30)]));
         assert!(timeline(&missing, &labels, 2)
             .unwrap_err()
             .contains("3 records"));
         let backwards = parse(&words(&[(1, 0, 50), (2, 5, 20)]));
-        assert!(timeline(&backwards, &labels, 1)
-            .unwrap_err()
-            .contains("not one chain"));
+        let t = timeline(&backwards, &labels, 1).unwrap();
+        assert_eq!((t.out_of_order, t.launches[0].us), (1, Some(0.0)));
         // A buffer that filled up: the counter ran past what fits.
         let mut full = words(&[(1, 0, 10)]);
         full[0] = 5;

@@ -251,6 +251,21 @@ pub fn fill_uniform(
 
 /// Keeps the GPU busy for `ns` nanoseconds (one thread spinning on the global timer): profiling
 /// queues a whole step behind it, so that its events time kernels and not the host's launches.
+/// A kernel that only waits (`trace_end` in kernels/timing.cu): with the step timeline on
+/// (`exec::cuda::trace`), its release marks the end of the kernel before it.
+pub fn trace_end(gpu: &Gpu) -> Result<(), CudaError> {
+    let kernel = "trace_end";
+    let f = gpu.function("timing.cu", kernel)?;
+    let mut b = gpu.launch_builder(&f);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel touches no memory (but the trace buffer, when tracing).
+    launched(kernel, unsafe { b.launch(cfg) })
+}
+
 pub fn hold_gpu(gpu: &Gpu, ns: i64) -> Result<(), CudaError> {
     let kernel = "hold_gpu";
     let f = gpu.function("timing.cu", kernel)?;

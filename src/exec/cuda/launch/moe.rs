@@ -242,6 +242,35 @@ pub fn moe_experts(
     hidden: usize,
     intermediate: usize,
 ) -> Result<Buf<f32>, CudaError> {
+    let by_rows = down_rows_fits(top_k, hidden, intermediate);
+    moe_experts_with_down(
+        gpu,
+        x,
+        ids,
+        w,
+        gate_up,
+        down,
+        [rows, top_k, hidden, intermediate],
+        by_rows,
+    )
+}
+
+/// [`moe_experts`] (`dims`: rows, top k, hidden, intermediate) with the down half's kernel
+/// chosen: `by_rows`, `moe_experts_down_rows_*` (`DOWN_ROWS` output rows a block, the token's
+/// act rows staged once; an error where the shape does not allow it), else
+/// `moe_experts_down_*` (a block per output row). Both give the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_with_down(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ids: &CudaSlice<i64>,
+    w: &CudaSlice<f32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    dims: [usize; 4],
+    by_rows: bool,
+) -> Result<Buf<f32>, CudaError> {
+    let [rows, top_k, hidden, intermediate] = dims;
     let (gu_name, down_name) = (
         gate_up.kernel("moe_experts_gate_up"),
         down.kernel("moe_experts_down"),
@@ -263,9 +292,8 @@ pub fn moe_experts(
         format!("top {top_k}: the down kernel keeps at most 4096 slot products a row")
     })?;
     let slots = rows * top_k;
-    let (s64, t64, k32, h64, int64, e64) = (
+    let (s64, k32, h64, int64, e64) = (
         slots as i64,
-        rows as i64,
         top_k as i32,
         hidden as i64,
         intermediate as i64,
@@ -303,31 +331,110 @@ pub fn moe_experts(
     // addresses allow.
     launched(gu_kernel, unsafe { b.launch(cfg) })?;
 
-    let f = gpu.function("moe.cu", down_kernel)?;
-    let mut y = gpu.output::<f32>(rows * hidden, down_kernel)?;
+    let down_kernel = if by_rows {
+        let name = down.kernel("moe_experts_down_rows");
+        shape(&name, down_rows_fits(top_k, hidden, intermediate), || {
+            format!(
+                "{DOWN_ROWS} rows a block: hidden {hidden} must split into them and top \
+                 {top_k} x intermediate {intermediate} act rows fit its shared memory"
+            )
+        })?;
+        name
+    } else {
+        down_name.clone()
+    };
+    launch_down(
+        gpu,
+        &down_kernel,
+        &act,
+        ids,
+        w,
+        down,
+        rows,
+        top_k,
+        hidden,
+        intermediate,
+    )
+}
+
+/// Output rows a block of the down kernel's decode form takes (`DOWN_ROWS` in kernels/moe.cu),
+/// its threads, and the shared memory it may stage the token's act rows in.
+const DOWN_ROWS: usize = 8;
+const DOWN_ROWS_THREADS: u32 = 256;
+const DOWN_ROWS_MAX_SHARED: usize = 48 * 1024;
+
+/// Whether `moe_experts_down_rows_*` takes the shape: whole blocks of rows, the act rows in
+/// 16-byte units and within the shared memory.
+fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool {
+    hidden.is_multiple_of(DOWN_ROWS)
+        && (top_k * intermediate).is_multiple_of(4)
+        && (top_k * intermediate + DOWN_ROWS * top_k) * 4 <= DOWN_ROWS_MAX_SHARED
+}
+
+/// The down half of [`moe_experts`] with the given kernel (`moe_experts_down_*`: a block per
+/// output row; `moe_experts_down_rows_*`: `DOWN_ROWS` rows a block, which the shape must allow:
+/// [`down_rows_fits`]); both give the same bits.
+#[allow(clippy::too_many_arguments)]
+fn launch_down(
+    gpu: &Gpu,
+    kernel: &str,
+    act: &CudaSlice<f32>,
+    ids: &CudaSlice<i64>,
+    w: &CudaSlice<f32>,
+    down: &DeviceMatrix,
+    rows: usize,
+    top_k: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<Buf<f32>, CudaError> {
+    let experts = down.len() / (hidden * intermediate);
+    let (t64, k32, h64, int64, e64) = (
+        rows as i64,
+        top_k as i32,
+        hidden as i64,
+        intermediate as i64,
+        experts as i64,
+    );
+    let f = gpu.function("moe.cu", kernel)?;
+    let mut y = gpu.output::<f32>(rows * hidden, kernel)?;
     let chunk = down.chunk_len();
     let lanes = down_lanes(intermediate, chunk) as i32;
-    // A block per output row, a warp per round of slots (`experts_down` in kernels/moe.cu).
-    let per_round = (32 / lanes as usize) * DOWN_PASSES;
-    let warps = top_k.div_ceil(per_round).clamp(1, 8);
-    let cfg = LaunchConfig {
-        grid_dim: ((rows * hidden).clamp(1, 65_535 * 8) as u32, 1, 1),
-        block_dim: ((warps * 32) as u32, 1, 1),
-        // top_k floats (the launcher rounds dynamic shared memory up to 16-byte words).
-        shared_mem_bytes: (top_k * 4) as u32,
+    let by_rows = kernel.starts_with("moe_experts_down_rows");
+    let cfg = if by_rows {
+        LaunchConfig {
+            grid_dim: ((rows * hidden / DOWN_ROWS) as u32, 1, 1),
+            block_dim: (DOWN_ROWS_THREADS, 1, 1),
+            shared_mem_bytes: ((top_k * intermediate + DOWN_ROWS * top_k) * 4) as u32,
+        }
+    } else {
+        // A block per output row, a warp per round of slots (`experts_down` in kernels/moe.cu).
+        let per_round = (32 / lanes as usize) * DOWN_PASSES;
+        let warps = top_k.div_ceil(per_round).clamp(1, 8);
+        LaunchConfig {
+            grid_dim: ((rows * hidden).clamp(1, 65_535 * 8) as u32, 1, 1),
+            block_dim: ((warps * 32) as u32, 1, 1),
+            // top_k floats (the launcher rounds dynamic shared memory up to 16-byte words).
+            shared_mem_bytes: (top_k * 4) as u32,
+        }
     };
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
+    b.arg(&mut *y).arg(act).arg(ids).arg(w);
     arg_matrix(&mut b, down);
-    b.arg(&t64)
-        .arg(&k32)
-        .arg(&h64)
-        .arg(&int64)
-        .arg(&e64)
-        .arg(&lanes);
-    // SAFETY: as above; act was written by the previous launch on the same stream, y holds
-    // rows*hidden floats, and lanes is a power of 2 up to 32 (the kernel's lane groups).
-    launched(down_kernel, unsafe { b.launch(cfg) })?;
+    if by_rows {
+        b.arg(&k32).arg(&h64).arg(&int64).arg(&e64).arg(&lanes);
+    } else {
+        b.arg(&t64)
+            .arg(&k32)
+            .arg(&h64)
+            .arg(&int64)
+            .arg(&e64)
+            .arg(&lanes);
+    }
+    // SAFETY: as in moe_experts (the shapes checked there); act was written by the previous
+    // launch on the same stream, y holds rows*hidden floats, lanes is a power of 2 up to 32 (the
+    // kernels' lane groups); the rows form's grid covers whole blocks of DOWN_ROWS rows and its
+    // shared memory the token's act rows and products (`down_rows_fits`).
+    launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
 
