@@ -476,6 +476,77 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
     }
 }
 
+// hc_read_gate_s's body. When each warp has one channel and its lanes split over the streams with
+// every chunk of an `up` row in one round (decode at the real geometry), a warp issues the loads
+// that do not need the activations (its `up` chunks, its stream's h and norm weight) before
+// those of the partial sums, so that the kernel waits on one round of loads instead of three;
+// the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 -> 5.75 us a node in the
+// replayed graph (results/2026-11-30-trace-ple-ids-hc-gate.log).
+template <typename W>
+__device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const float* h, const float* part,
+                                                    const float* ssq, const float* w, const W* up, long streams,
+                                                    long hid, long rank, long w_len, float eps) {
+    constexpr int N = WeightVec<W>::N;
+    __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];
+    __shared__ float inv_s[HC_MAX_STREAMS];
+    const long t = blockIdx.y, width = streams * hid, outs = rank + streams;
+    const float* ht = h + t * width;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const bool split = streams <= 32 && 32 % streams == 0;
+    const int per = split ? 32 / (int)streams : 32;
+    const long c = (long)blockIdx.x * warps + (threadIdx.x >> 5), s = lane / per, ch = s * hid + c;
+    const long chunks = rank / N, first = lane % per;
+    // Uniform over the block (it decides whether the block takes the early path).
+    const bool early = split && (long)gridDim.x * warps >= hid && rank % N == 0 && aligned16(up) &&
+                       chunks <= HC_GATE_CHUNKS * per;
+    const bool live = c < hid;
+    uint4 raw[HC_GATE_CHUNKS];
+    float hv = 0.0f, nw = 0.0f;
+    if (early && live) {
+        const W* row = up + ch * rank;
+#pragma unroll
+        for (int u = 0; u < HC_GATE_CHUNKS; u++)
+            if (first + u * per < chunks) raw[u] = WeightVec<W>::load(row, first + u * per);
+        hv = ht[ch];
+        nw = hc_norm_weight(w, ch, hid, w_len);
+    }
+    if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);
+    __syncthreads();
+    for (long o = threadIdx.x; o < outs; o += blockDim.x) {
+        float d = 0.0f;
+        for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];
+        if (o < rank)
+            act_s[o] = silu_f32(d / (float)streams);
+        else if (blockIdx.x == 0)
+            inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
+    }
+    __syncthreads();
+    if (!early) {
+        hc_mix_gate_with<W>(
+            y + t * hid, [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); },
+            act_s, up, 1, streams, hid, rank);
+        return;
+    }
+    // strided_dot_short's sums over the chunks loaded above.
+    float d = 0.0f;
+    if (live) {
+#pragma unroll
+        for (int u = 0; u < HC_GATE_CHUNKS; u++) {
+            if (first + u * per < chunks) {
+                float wv[N], av[N];
+                WeightVec<W>::unpack(raw[u], wv);
+                act_chunk<N>(act_s, first + u * per, av);
+#pragma unroll
+                for (int j = 0; j < N; j++) d += av[j] * wv[j];
+            }
+        }
+    }
+    for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+    float term = sigmoid_f32(d) * (hv * inv_s[s] * nw);
+    for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
+    if (lane == 0 && live) y[t * hid + c] = term / (float)streams;
+}
+
 #define HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, R)                                                              \
     extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
         hc_read_act_s##R##_##SUFFIX(float* part, float* ssq, const float* h, const float* w, const W* down,   \
@@ -501,25 +572,7 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
             prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
                              min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
         wait_for_producers();                                                                                 \
-        __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];                                               \
-        __shared__ float inv_s[HC_MAX_STREAMS];                                                               \
-        const long t = blockIdx.y, width = streams * hid, outs = rank + streams;                              \
-        if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);   \
-        __syncthreads();                                                                                      \
-        for (long o = threadIdx.x; o < outs; o += blockDim.x) {                                               \
-            float d = 0.0f;                                                                                   \
-            for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];           \
-            if (o < rank)                                                                                     \
-                act_s[o] = silu_f32(d / (float)streams);                                                      \
-            else if (blockIdx.x == 0)                                                                         \
-                inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);                       \
-        }                                                                                                     \
-        __syncthreads();                                                                                      \
-        const float* ht = h + t * width;                                                                      \
-        hc_mix_gate_with<W>(                                                                                  \
-            y + t * hid,                                                                                      \
-            [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); },      \
-            act_s, up, 1, streams, hid, rank);                                                                \
+        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, w_len, eps);                 \
     }
 
 HC_READ_STREAM_KERNELS(float, f32)

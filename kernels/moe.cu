@@ -896,7 +896,10 @@ __device__ __forceinline__ long long rem_euclid_i64(long long a, long long b) {
 
 // ids [rows, (ngram-1) * hpn]; history [ngram-1] (read, then replaced by the last ngram-1 ids of
 // history ++ tokens); tokens [rows]; multipliers [ngram]; sizes, offsets [(ngram-1) * hpn].
-// One block: the old history is copied into shared memory before anyone writes it.
+// One block: the old history is copied into shared memory before anyone writes it. A thread per
+// (row, head), so that a decode step's 16 heads (each a 64-bit remainder after dependent loads)
+// run at once rather than one after another in one thread (8.3 us in the replayed graph:
+// results/2026-11-30-trace-baseline.log; 3.4 us after: results/2026-11-30-trace-ple-ids-hc-gate.log); each forms its n-gram's mix from the row's history.
 extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long* history, const long long* tokens,
                                                        long rows, long long eos, int ngram, int hpn,
                                                        const long long* multipliers, const long long* sizes,
@@ -910,11 +913,12 @@ extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long
     // hist(q): position q of history ++ tokens.
 #define HIST(q) ((q) < ctx ? old_history[(q)] : tokens[(q) - ctx])
     const long len = ctx + rows;
-    for (long p = ctx + threadIdx.x; p < len; p += blockDim.x) {
-        long long* out = ids + (p - ctx) * heads;
+    for (long item = threadIdx.x; item < rows * heads; item += blockDim.x) {
+        const long p = ctx + item / heads;
+        const int h = (int)(item % heads), kh = h / hpn + 1;  // head h hashes the (kh+1)-gram
         long long mix = wrapping_mul_i64(HIST(p), multipliers[0]);
         bool cut = false;  // an eos strictly between p - k and p
-        for (int k = 1; k < ngram; k++) {
+        for (int k = 1; k <= kh; k++) {
             long long shifted;
             if (k > p) {
                 shifted = eos;
@@ -923,11 +927,8 @@ extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long
                 shifted = cut ? eos : HIST(p - k);
             }
             mix ^= wrapping_mul_i64(shifted, multipliers[k]);
-            for (int hh = 0; hh < hpn; hh++) {
-                const int h = (k - 1) * hpn + hh;
-                out[h] = rem_euclid_i64(mix, sizes[h]) + offsets[h];
-            }
         }
+        ids[(p - ctx) * heads + h] = rem_euclid_i64(mix, sizes[h]) + offsets[h];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < ctx; i += blockDim.x) history[i] = HIST(len - ctx + i);

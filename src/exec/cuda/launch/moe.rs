@@ -727,7 +727,8 @@ pub fn ple_ngram_ids(
     let (r64, n32, h32) = (rows as i64, ngram as i32, heads_per_ngram as i32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
-        block_dim: (rows.next_multiple_of(32).min(256) as u32, 1, 1),
+        // A thread per (row, head), up to 256.
+        block_dim: ((rows * heads).next_multiple_of(32).min(256) as u32, 1, 1),
         shared_mem_bytes: (ctx * std::mem::size_of::<i64>()) as u32,
     };
     let mut b = gpu.launch_builder(&f);
