@@ -510,9 +510,10 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
 // twice the bytes of the weights): 16.6 -> 14.7 us a layer in the replayed graph
 // (results/2026-11-30-trace-moe-down.log). A group of `lanes` lanes takes one (row, slot)
 // product at a time with down_share's chunks and order, and the row's sum is experts_down's:
-// the same bits. (Loading a group's next product before summing the current one made it
-// slower: 16.1 us, 80 registers.) Dynamic shared memory: top_k * inter + DOWN_ROWS * top_k
-// floats.
+// the same bits. Slower, tried: loading a group's next product before summing the current one
+// (16.1 us), two products a group at once with the ids staged (16.4 us at 3 blocks an SM, 21.6
+// at 106 registers), 4 rows a block (18.4 us): results/2026-11-30-trace-moe-down-*.log.
+// Dynamic shared memory: top_k * inter + DOWN_ROWS * top_k floats.
 #define DOWN_ROWS 8
 #define DOWN_ROWS_THREADS 256
 
