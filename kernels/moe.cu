@@ -512,7 +512,8 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
 // product at a time with down_share's chunks and order, and the row's sum is experts_down's:
 // the same bits. Slower, tried: loading a group's next product before summing the current one
 // (16.1 us), two products a group at once with the ids staged (16.4 us at 3 blocks an SM, 21.6
-// at 106 registers), 4 rows a block (18.4 us): results/2026-11-30-trace-moe-down-*.log.
+// at 106 registers): results/2026-11-30-trace-moe-down-*.log; 4 rows a block (18.4 us:
+// results/2026-11-30-trace-ple-ids-hc-gate.log).
 // Dynamic shared memory: top_k * inter + DOWN_ROWS * top_k floats.
 #define DOWN_ROWS 8
 #define DOWN_ROWS_THREADS 256
