@@ -359,32 +359,61 @@ struct GdnLanes {
         for (int m = 0; m < GDNW_MAX_DK / 32; m++) dst[pad(lane + 32 * m)] = x[m] * inv * scale;
     }
 
+    // Whether the lane's column pair is read and written as one float2 (8-byte aligned: both
+    // columns live, j even, rows of even length): half the load and store instructions, and a
+    // warp's access to a row's sector is one request instead of two. The decode convolution and
+    // recurrence 12.0 -> 11.2 us a GDN layer in the replayed graph
+    // (results/2026-11-30-trace-gdn-state-pairs.log).
+    __device__ static bool paired(const float* S, int j, int dv) {
+        return j + 1 < dv && (dv & 1) == 0 && (j & 1) == 0 && (reinterpret_cast<unsigned long long>(S) & 7) == 0;
+    }
+
     __device__ static void load_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+        const bool pair = paired(S, j, dv);
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             const bool row = r0 + i < dk;
-            s0[i] = (row && j < dv) ? S[(long)(r0 + i) * dv + j] : 0.0f;
-            s1[i] = (row && j + 1 < dv) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+            if (pair) {
+                const float2 v = row ? *reinterpret_cast<const float2*>(S + (long)(r0 + i) * dv + j) : make_float2(0.0f, 0.0f);
+                s0[i] = v.x;
+                s1[i] = v.y;
+            } else {
+                s0[i] = (row && j < dv) ? S[(long)(r0 + i) * dv + j] : 0.0f;
+                s1[i] = (row && j + 1 < dv) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+            }
         }
     }
 
     // As load_state, for a kernel that reads its state before its wait: through L2 only
     // (__ldcg), so that no line an earlier kernel left in this multiprocessor's L1 is read.
     __device__ static void load_own_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+        const bool pair = paired(S, j, dv);
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             const bool row = r0 + i < dk;
-            s0[i] = (row && j < dv) ? __ldcg(S + (long)(r0 + i) * dv + j) : 0.0f;
-            s1[i] = (row && j + 1 < dv) ? __ldcg(S + (long)(r0 + i) * dv + j + 1) : 0.0f;
+            if (pair) {
+                const float2 v = row ? __ldcg(reinterpret_cast<const float2*>(S + (long)(r0 + i) * dv + j))
+                                     : make_float2(0.0f, 0.0f);
+                s0[i] = v.x;
+                s1[i] = v.y;
+            } else {
+                s0[i] = (row && j < dv) ? __ldcg(S + (long)(r0 + i) * dv + j) : 0.0f;
+                s1[i] = (row && j + 1 < dv) ? __ldcg(S + (long)(r0 + i) * dv + j + 1) : 0.0f;
+            }
         }
     }
 
     __device__ static void store_state(const float* s0, const float* s1, float* S, int r0, int j, int dk, int dv) {
+        const bool pair = paired(S, j, dv);
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             if (r0 + i < dk) {
-                if (j < dv) S[(long)(r0 + i) * dv + j] = s0[i];
-                if (j + 1 < dv) S[(long)(r0 + i) * dv + j + 1] = s1[i];
+                if (pair) {
+                    *reinterpret_cast<float2*>(S + (long)(r0 + i) * dv + j) = make_float2(s0[i], s1[i]);
+                } else {
+                    if (j < dv) S[(long)(r0 + i) * dv + j] = s0[i];
+                    if (j + 1 < dv) S[(long)(r0 + i) * dv + j + 1] = s1[i];
+                }
             }
         }
     }
