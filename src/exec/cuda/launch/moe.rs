@@ -299,8 +299,6 @@ pub fn moe_experts_with_down(
         intermediate as i64,
         experts as i64,
     );
-    let block_dim = ((EXPERT_WARPS * 32) as u32, 1, 1);
-
     let f = gpu.function("moe.cu", gu_kernel)?;
     let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
     let cfg = LaunchConfig {
@@ -311,7 +309,7 @@ pub fn moe_experts_with_down(
             1,
             1,
         ),
-        block_dim,
+        block_dim: ((EXPERT_WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     // The kernel runs ahead of the node before it when x, the ids and their weights (the node's
