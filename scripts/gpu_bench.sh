@@ -8,6 +8,8 @@
 # (or results/ when OUT is unset); commit them under results/<date>-bench-*.{log,json}.
 # Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens (each in one step,
 # as `graphrun run` prefills; add --chunk 2048 for chunks of 2048).
+# Add --trace for the decode step's timeline inside the replayed graph at the largest context,
+# kernel by kernel (the kernels are then built to record it: time the headline figures without).
 source "$(dirname "$0")/gpu_env.sh"
 args=("$@")
 if [ ${#args[@]} -eq 0 ]; then

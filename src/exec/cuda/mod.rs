@@ -9,6 +9,7 @@
 //! - [`device`]: a device context with its stream, modules and kernels loaded on first use;
 //! - [`launch`]: one launch function per kernel, the shapes checked before launching;
 //! - [`launcher`]: the launch itself, with Hopper's programmatic dependent launch.
+//! - [`trace`]: the timeline of replayed steps, kernel by kernel (`graphrun bench --trace`).
 //!
 //! Next (see `docs/cuda-plan.md`): every op's kernels, the executor over programs with an arena
 //! from `memplan`, device-side routing and selection, per-segment CUDA graphs.
