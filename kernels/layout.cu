@@ -503,10 +503,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     uint4 raw[HC_GATE_CHUNKS];
     float hv = 0.0f, nw = 0.0f;
     if (early && live) {
-        const W* row = up + ch * rank;
-#pragma unroll
-        for (int u = 0; u < HC_GATE_CHUNKS; u++)
-            if (first + u * per < chunks) raw[u] = WeightVec<W>::load(row, first + u * per);
+        short_chunks_load<W, HC_GATE_CHUNKS>(up + ch * rank, chunks, first, per, raw);
         hv = ht[ch];
         nw = hc_norm_weight(w, ch, hid, w_len);
     }
@@ -529,18 +526,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     }
     // strided_dot_short's sums over the chunks loaded above.
     float d = 0.0f;
-    if (live) {
-#pragma unroll
-        for (int u = 0; u < HC_GATE_CHUNKS; u++) {
-            if (first + u * per < chunks) {
-                float wv[N], av[N];
-                WeightVec<W>::unpack(raw[u], wv);
-                act_chunk<N>(act_s, first + u * per, av);
-#pragma unroll
-                for (int j = 0; j < N; j++) d += av[j] * wv[j];
-            }
-        }
-    }
+    if (live) d = short_chunks_dot<W, HC_GATE_CHUNKS>(act_s, raw, chunks, first, per);
     for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
     float term = sigmoid_f32(d) * (hv * inv_s[s] * nw);
     for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);

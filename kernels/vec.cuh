@@ -100,19 +100,20 @@ __device__ __forceinline__ float strided_dot(const float* a, const W* w, long n,
     return acc;
 }
 
-// As strided_dot, for a short dot product (at most MAX chunks a thread): every chunk is loaded
-// before any is used, one round trip to memory where strided_dot takes one per LOADS_IN_FLIGHT
-// chunks. The same sums in the same order.
+// strided_dot_short's two halves, for a caller that issues the loads early: the chunks first,
+// first + stride, ... (< chunks, at most MAX) of w into raw, then their products with a's chunks
+// summed in chunk order.
 template <typename W, int MAX>
-__device__ __forceinline__ float strided_dot_short(const float* a, const W* w, long n, long first, long stride) {
-    constexpr int N = WeightVec<W>::N;
-    const long chunks = n / N;
-    if (n % N != 0 || !aligned16(a) || !aligned16(w) || chunks > MAX * stride)
-        return strided_dot(a, w, n, first, stride);
-    uint4 raw[MAX];
+__device__ __forceinline__ void short_chunks_load(const W* w, long chunks, long first, long stride, uint4* raw) {
 #pragma unroll
     for (int u = 0; u < MAX; u++)
         if (first + u * stride < chunks) raw[u] = WeightVec<W>::load(w, first + u * stride);
+}
+
+template <typename W, int MAX>
+__device__ __forceinline__ float short_chunks_dot(const float* a, const uint4* raw, long chunks, long first,
+                                                  long stride) {
+    constexpr int N = WeightVec<W>::N;
     float acc = 0.0f;
 #pragma unroll
     for (int u = 0; u < MAX; u++) {
@@ -125,6 +126,20 @@ __device__ __forceinline__ float strided_dot_short(const float* a, const W* w, l
         }
     }
     return acc;
+}
+
+// As strided_dot, for a short dot product (at most MAX chunks a thread): every chunk is loaded
+// before any is used, one round trip to memory where strided_dot takes one per LOADS_IN_FLIGHT
+// chunks. The same sums in the same order.
+template <typename W, int MAX>
+__device__ __forceinline__ float strided_dot_short(const float* a, const W* w, long n, long first, long stride) {
+    constexpr int N = WeightVec<W>::N;
+    const long chunks = n / N;
+    if (n % N != 0 || !aligned16(a) || !aligned16(w) || chunks > MAX * stride)
+        return strided_dot(a, w, n, first, stride);
+    uint4 raw[MAX];
+    short_chunks_load<W, MAX>(w, chunks, first, stride, raw);
+    return short_chunks_dot<W, MAX>(a, raw, chunks, first, stride);
 }
 
 // This thread's shares of a·w0 and a·w1 over n values (chunks first, first + stride, ...): the

@@ -226,9 +226,11 @@ fn expert_shapes(
 /// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
 ///
 /// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane
-/// (blocks of 4 warps, so that the work is even over the SMs); down, one block per (token,
-/// output row) whose warps read all of its slots at once (a few a warp: `down_lanes`), summed in
-/// slot order as the reference.
+/// (blocks of 4 warps, so that the work is even over the SMs); down, `DOWN_ROWS` output rows of a
+/// token a block with its act rows staged in shared memory where the shape allows
+/// (`moe_experts_down_rows_*`), else one block per (token, output row) whose warps read all of
+/// its slots at once (a few a warp: `down_lanes`); each row summed in slot order as the
+/// reference, the same bits either way.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts(
     gpu: &Gpu,
