@@ -101,13 +101,19 @@ extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* 
 // ---------------------------------------------------------------------------------------------
 // Appending rows to a preallocated state `[capacity, width]`: row t of src goes to row start+t.
 
-extern "C" __global__ void append_rows_f32(float* dst, const float* src, const long long* step, long rows, long width,
-                                           long capacity) {
+// Two states of the same shape at once (an attention step's K and V rows): one launch, so one
+// kernel boundary, instead of two (1.3 us each in the replayed decode graph:
+// results/2026-11-30-trace-baseline.log; the QSA layer's attention chain 19.2 -> 18.5 us after,
+// within the runs' spread: results/2026-11-30-trace-append-kv.log).
+extern "C" __global__ void append_rows2_f32(float* dst0, const float* src0, float* dst1, const float* src1,
+                                            const long long* step, long rows, long width, long capacity) {
     wait_for_producers();
     const long long start = step[0];
-    GRID_STRIDE(e, rows * width) {
-        const long long r = start + e / width;
-        if (r >= 0 && r < capacity) dst[r * width + e % width] = src[e];
+    GRID_STRIDE(e, 2 * rows * width) {
+        const bool second = e >= rows * width;
+        const long i = second ? e - rows * width : e;
+        const long long r = start + i / width;
+        if (r >= 0 && r < capacity) (second ? dst1 : dst0)[r * width + i % width] = (second ? src1 : src0)[i];
     }
 }
 

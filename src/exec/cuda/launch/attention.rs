@@ -33,24 +33,35 @@ fn rope_dims(kernel: &str, head_dim: usize, rotary_dim: usize) -> Result<(), Cud
     )
 }
 
-/// Copies `src [rows, width]` to rows `[start, start+rows)` of `dst [capacity, width]`.
-fn append_rows(
+/// Copies `k` and `v [rows, width]` to rows `[start, start+rows)` of `k_cache` and `v_cache
+/// [capacity, width]`, in one launch.
+#[allow(clippy::too_many_arguments)]
+fn append_kv_rows(
     gpu: &Gpu,
-    dst: &mut CudaSlice<f32>,
-    src: &CudaSlice<f32>,
+    k_cache: &mut CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    v: &CudaSlice<f32>,
     rows: usize,
     step: &CudaSlice<i64>,
     width: usize,
     capacity: usize,
 ) -> Result<(), CudaError> {
-    let kernel = "append_rows_f32";
+    let kernel = "append_rows2_f32";
     let f = gpu.function(FILE, kernel)?;
     let (r64, w64, c64) = (rows as i64, width as i64, capacity as i64);
     let mut b = gpu.launch_builder(&f);
-    b.arg(dst).arg(src).arg(step).arg(&r64).arg(&w64).arg(&c64);
-    // SAFETY: src holds rows*width floats and dst capacity*width (checked by the callers); the
-    // kernel skips rows at or past the capacity.
-    launched(kernel, unsafe { b.launch(grid_for(rows * width, 256)) })
+    b.arg(k_cache)
+        .arg(k)
+        .arg(v_cache)
+        .arg(v)
+        .arg(step)
+        .arg(&r64)
+        .arg(&w64)
+        .arg(&c64);
+    // SAFETY: k and v hold rows*width floats and the caches capacity*width (checked by the
+    // callers); the kernel skips rows at or past the capacity.
+    launched(kernel, unsafe { b.launch(grid_for(2 * rows * width, 256)) })
 }
 
 /// `ops::rope::rope`: partial NeoX RoPE on every head of `x [rows, width]`, row `t` at position
@@ -448,8 +459,7 @@ fn append_kv(
             )
         },
     )?;
-    append_rows(gpu, k_cache, k, rows, step, kw, capacity)?;
-    append_rows(gpu, v_cache, v, rows, step, kw, capacity)
+    append_kv_rows(gpu, k_cache, k, v_cache, v, rows, step, kw, capacity)
 }
 
 /// `Attention` (as `exec::cpu`): appends `k, v [rows, kv_heads*head_dim]` to rows
