@@ -141,6 +141,9 @@ pub struct BenchReport {
     /// The timeline summed by node, then by op kind and variant as the profile is.
     pub graph_profile: Vec<ProfileRow>,
     pub graph_slowest_nodes: Vec<ProfileRow>,
+    /// Every node of the timeline, slowest first, with its bytes and fraction of the copy rate
+    /// (JSON only).
+    pub graph_nodes: Vec<ProfileRow>,
     /// The timeline's dense parts (every node but the routed experts): bytes over their time
     /// in the graph, over the copy bandwidth.
     pub graph_dense_fraction: f64,
@@ -154,7 +157,7 @@ const SLOWEST_NODES: usize = 16;
 const TRACE_CAPACITY: usize = 1 << 16;
 const TRACED_STEPS: usize = 32;
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ProfileRow {
     /// `kind` or `kind/variant` when the variant is not the reference.
     pub op: String,
@@ -170,6 +173,8 @@ pub struct ProfileRow {
 struct Profile {
     by_op: Vec<ProfileRow>,
     slowest: Vec<ProfileRow>,
+    /// Every node, slowest first (`slowest` is its head).
+    every_node: Vec<ProfileRow>,
     dense: (u64, f64),
     experts: (u64, f64),
 }
@@ -240,9 +245,32 @@ impl Profile {
             .sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
         p.slowest
             .sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+        p.every_node = p.slowest.clone();
         p.slowest.truncate(SLOWEST_NODES);
         p
     }
+}
+
+/// A traced timeline summed by node (its launches are labelled "node kernel"), then profiled as
+/// device-event profiles are ([`Profile::collect`]); the end mark and any label that names no
+/// node of `program` are left out.
+fn timeline_profile(
+    program: &Program,
+    timeline: &crate::exec::cuda::trace::Timeline,
+    context: Option<usize>,
+    bandwidth: f64,
+) -> Profile {
+    let mut nodes: Vec<(String, usize, f64)> = Vec::new();
+    for l in &timeline.launches {
+        let (Some(us), Some(node)) = (l.us, l.label.split(' ').next()) else {
+            continue;
+        };
+        match nodes.iter_mut().find(|n| n.0 == node) {
+            Some(n) => n.2 += us / 1e6,
+            None => nodes.push((node.to_string(), 1, us / 1e6)),
+        }
+    }
+    Profile::collect(program, &nodes, context, bandwidth)
 }
 
 /// The real config cut to its first `layers` layers, with a smaller PLE table.
@@ -685,21 +713,8 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             bandwidth,
         )
     };
-    // The timeline by node (seconds a step), then as a profile.
-    let graph = {
-        let mut nodes: Vec<(String, usize, f64)> = Vec::new();
-        for l in &graph_timeline.launches {
-            let (Some(us), Some(node)) = (l.us, l.label.split(' ').next()) else {
-                continue;
-            };
-            match nodes.iter_mut().find(|n| n.0 == node) {
-                Some(n) => n.2 += us / 1e6,
-                None => nodes.push((node.to_string(), 1, us / 1e6)),
-            }
-        }
-        let ctx = opts.contexts.iter().max().copied();
-        Profile::collect(&decode_program, &nodes, ctx, bandwidth)
-    };
+    let ctx = opts.contexts.iter().max().copied();
+    let graph = timeline_profile(&decode_program, &graph_timeline, ctx, bandwidth);
     let linear_sweep = match (&model.backend, opts.sweep_linear) {
         (crate::runtime::Backend::Cuda { gpu, .. }, true) => {
             linear_sweep::run(gpu, &decode_program, bandwidth)?
@@ -734,6 +749,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         graph_dense_fraction: fraction(graph.dense.0, graph.dense.1, bandwidth),
         graph_profile: graph.by_op,
         graph_slowest_nodes: graph.slowest,
+        graph_nodes: graph.every_node,
     })
 }
 
@@ -938,5 +954,62 @@ impl std::fmt::Display for BenchReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::cuda::trace::{LaunchTime, Timeline};
+
+    fn launch(label: &str, us: Option<f64>) -> LaunchTime {
+        LaunchTime {
+            label: label.into(),
+            blocks: 1,
+            us,
+            waited_us: 0.0,
+        }
+    }
+
+    /// A timeline's launches are summed by node (a node of two kernels counts both), split into
+    /// the routed experts and the dense rest, and the end mark is left out.
+    #[test]
+    fn a_timeline_is_profiled_by_node() {
+        let text = include_str!("../../tests/data/configs/qwen3.8-flash-next.json");
+        let plan = bench_plan(text, "qwen3.8-flash-next.json", 1, 1009).unwrap();
+        let graphs = crate::lower::GraphSet::embedded().unwrap();
+        let mut opts = crate::lower::LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+        opts.device = crate::ir::Device::Cuda;
+        opts.weight_dtype = Some("bf16".into());
+        let program = crate::lower::lower(&plan, &graphs, &opts).unwrap().program;
+        let routed = program
+            .nodes
+            .iter()
+            .find(|n| matches!(n.op, Op::MoeExperts { .. }))
+            .unwrap()
+            .name
+            .clone();
+        let dense = program.nodes[0].name.clone();
+        let timeline = Timeline {
+            replays: 1,
+            launches: vec![
+                launch(&format!("{dense} k0"), Some(2.0)),
+                launch(&format!("{routed} gate_up"), Some(10.0)),
+                launch(&format!("{routed} down"), Some(5.0)),
+                launch("end trace_end", None),
+            ],
+            out_of_order: 0,
+            first_replay: Vec::new(),
+        };
+        let p = timeline_profile(&program, &timeline, Some(1024), 4000.0);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(p.experts.1, 0.015), "{:?}", p.experts);
+        assert!(close(p.dense.1, 0.002), "{:?}", p.dense);
+        assert_eq!(p.every_node.len(), 2);
+        assert_eq!(
+            p.every_node[0].op,
+            format!("{routed} (moe_experts/token_major)")
+        );
+        assert!(p.experts.0 > 0 && p.dense.0 > 0);
     }
 }
