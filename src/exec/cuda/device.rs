@@ -53,6 +53,9 @@ pub struct Gpu {
     tracing: AtomicBool,
     /// Kernel names by function handle, for the timeline's labels.
     names: Mutex<HashMap<usize, String>>,
+    /// Modules taken out of the cache by [`Gpu::enable_trace`], kept loaded for the graphs
+    /// captured with them.
+    retired: Mutex<Vec<Arc<CudaModule>>>,
 }
 
 /// The inputs of a node (by their place in the node's input list, up to 64) that are complete
@@ -203,6 +206,7 @@ impl Gpu {
             tracer: Mutex::new(None),
             tracing: AtomicBool::new(false),
             names: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
         })
     }
 
@@ -264,8 +268,8 @@ impl Gpu {
     }
 
     /// Turns the step timeline on (`exec::cuda::trace`): a buffer for `capacity` records, and
-    /// the kernels loaded from now on built to record into it (those loaded before are
-    /// forgotten, so every later launch records; graphs captured before keep the old ones).
+    /// the kernels loaded from now on built to record into it (those loaded before leave the
+    /// cache, so every later launch records; graphs captured before keep theirs, still loaded).
     pub fn enable_trace(&self, capacity: usize) -> Result<(), CudaError> {
         let mut header = vec![0u64; trace::HEADER_WORDS + trace::RECORD_WORDS * capacity];
         header[1] = capacity as u64;
@@ -276,7 +280,19 @@ impl Gpu {
             log: None,
             node: String::new(),
         });
-        self.modules.lock().expect("module cache lock").clear();
+        // The modules loaded so far stay loaded (graphs captured before hold their kernels),
+        // out of the cache, so that later launches load the traced build.
+        let old: Vec<Arc<CudaModule>> = self
+            .modules
+            .lock()
+            .expect("module cache lock")
+            .drain()
+            .map(|(_, m)| m)
+            .collect();
+        self.retired
+            .lock()
+            .expect("retired modules lock")
+            .extend(old);
         self.functions.lock().expect("function cache lock").clear();
         self.tracing.store(true, Ordering::Relaxed);
         Ok(())
