@@ -276,7 +276,6 @@ impl Gpu {
         let buffer = self.upload(&header, "the trace buffer")?;
         *self.tracer.lock().expect("tracer lock") = Some(Tracer {
             buffer,
-            capacity,
             log: None,
             node: String::new(),
         });

@@ -567,6 +567,16 @@ fn launch_step(
     );
     let mut replayed = false;
     if graphs && state.graphs.contains_key(&key) {
+        // A traced run holds replays of one step shape (refused before anything is launched,
+        // so the session is as it was).
+        if let Some((Some(traced), _)) = state.traced {
+            if traced != key {
+                return Err(CudaError::Driver {
+                    doing: "tracing replayed steps".into(),
+                    msg: "the traced steps are of more than one shape".into(),
+                });
+            }
+        }
         // One graph per segment; host work between segments would go between these launches
         // (no op needs any today: `passes::segment`).
         let timing = state.segment_ms.is_some();
@@ -594,12 +604,6 @@ fn launch_step(
         state.replays += 1;
         replayed = true;
         if let Some((traced_key, count)) = state.traced.as_mut() {
-            if traced_key.is_some_and(|k| k != key) {
-                return Err(CudaError::Driver {
-                    doing: "tracing replayed steps".into(),
-                    msg: "the traced steps are of more than one shape".into(),
-                });
-            }
             *traced_key = Some(key);
             *count += 1;
         }

@@ -20,8 +20,8 @@ pub const RECORD_WORDS: usize = 4;
 /// The device buffer the traced kernels write into and the labels of the launches being
 /// captured.
 pub struct Tracer {
+    /// The header's word 1 holds how many records fit (the kernels read it).
     pub buffer: CudaSlice<u64>,
-    pub capacity: usize,
     /// Labels ("node kernel") of the launches since [`Tracer::log`] was started, when it was.
     pub log: Option<Vec<String>>,
     /// The node being launched (the executor sets it).
