@@ -368,39 +368,34 @@ struct GdnLanes {
         return j + 1 < dv && (dv & 1) == 0 && (j & 1) == 0 && (reinterpret_cast<unsigned long long>(S) & 7) == 0;
     }
 
-    __device__ static void load_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+    // The lane's ROWS rows of its column pair (zeros past dk and dv); THROUGH_L2: with __ldcg.
+    template <bool THROUGH_L2>
+    __device__ static void load_rows(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
         const bool pair = paired(S, j, dv);
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             const bool row = r0 + i < dk;
+            const float* p = S + (long)(r0 + i) * dv + j;
             if (pair) {
-                const float2 v = row ? *reinterpret_cast<const float2*>(S + (long)(r0 + i) * dv + j) : make_float2(0.0f, 0.0f);
+                const float2* p2 = reinterpret_cast<const float2*>(p);
+                const float2 v = row ? (THROUGH_L2 ? __ldcg(p2) : *p2) : make_float2(0.0f, 0.0f);
                 s0[i] = v.x;
                 s1[i] = v.y;
             } else {
-                s0[i] = (row && j < dv) ? S[(long)(r0 + i) * dv + j] : 0.0f;
-                s1[i] = (row && j + 1 < dv) ? S[(long)(r0 + i) * dv + j + 1] : 0.0f;
+                s0[i] = (row && j < dv) ? (THROUGH_L2 ? __ldcg(p) : *p) : 0.0f;
+                s1[i] = (row && j + 1 < dv) ? (THROUGH_L2 ? __ldcg(p + 1) : p[1]) : 0.0f;
             }
         }
+    }
+
+    __device__ static void load_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
+        load_rows<false>(s0, s1, S, r0, j, dk, dv);
     }
 
     // As load_state, for a kernel that reads its state before its wait: through L2 only
     // (__ldcg), so that no line an earlier kernel left in this multiprocessor's L1 is read.
     __device__ static void load_own_state(float* s0, float* s1, const float* S, int r0, int j, int dk, int dv) {
-        const bool pair = paired(S, j, dv);
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            const bool row = r0 + i < dk;
-            if (pair) {
-                const float2 v = row ? __ldcg(reinterpret_cast<const float2*>(S + (long)(r0 + i) * dv + j))
-                                     : make_float2(0.0f, 0.0f);
-                s0[i] = v.x;
-                s1[i] = v.y;
-            } else {
-                s0[i] = (row && j < dv) ? __ldcg(S + (long)(r0 + i) * dv + j) : 0.0f;
-                s1[i] = (row && j + 1 < dv) ? __ldcg(S + (long)(r0 + i) * dv + j + 1) : 0.0f;
-            }
-        }
+        load_rows<true>(s0, s1, S, r0, j, dk, dv);
     }
 
     __device__ static void store_state(const float* s0, const float* s1, float* S, int r0, int j, int dk, int dv) {

@@ -439,6 +439,14 @@ __device__ __forceinline__ float down_share(const W* dr, const float* ar, long i
     return d;
 }
 
+// A row's sum of its slots' down products as the reference forms it: ((0 + w0*d0) + w1*d1) + ...
+// in slot order, no fused multiply-add.
+__device__ __forceinline__ float slot_sum(const float* wt, const float* dots, int top_k) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; j++) acc = __fadd_rn(acc, __fmul_rn(wt[j], dots[j]));
+    return acc;
+}
+
 // y [tokens, hidden]; act [tokens * top_k, inter]; ids, w [tokens, top_k]; down [experts, hidden, inter].
 // One block per (token t, output row r). A warp splits into 32/lanes groups of `lanes` lanes (a
 // power of 2), one slot each, DOWN_PASSES such passes at once (up to DOWN_PASSES * DOWN_BATCH
@@ -481,11 +489,7 @@ __device__ __forceinline__ void experts_down(float* y, const float* act, const l
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            float acc = 0.0f;
-            for (int j = 0; j < top_k; j++) acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], slot_dot[j]));
-            y[u] = acc;
-        }
+        if (threadIdx.x == 0) y[u] = slot_sum(w + t * top_k, slot_dot, top_k);
         __syncthreads();  // slot_dot is rewritten for the next row
     }
 }
@@ -548,12 +552,8 @@ __device__ __forceinline__ void experts_down_rows(float* y, const float* act, co
         if (sl == 0 && d < products) dots[d] = v;
     }
     __syncthreads();
-    if (threadIdx.x < DOWN_ROWS) {
-        float acc = 0.0f;
-        for (int j = 0; j < top_k; j++)
-            acc = __fadd_rn(acc, __fmul_rn(w[t * top_k + j], dots[threadIdx.x * top_k + j]));
-        y[t * hidden + r0 + threadIdx.x] = acc;
-    }
+    if (threadIdx.x < DOWN_ROWS)
+        y[t * hidden + r0 + threadIdx.x] = slot_sum(w + t * top_k, dots + threadIdx.x * top_k, top_k);
 }
 
 #define EXPERTS_DOWN_ROWS_KERNEL(W, SUFFIX)                                                                        \

@@ -370,6 +370,7 @@ fn bad_id_poisons_only_its_row(
 fn experts_match_the_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
+    let mut rows_form = 0;
     // (experts, hidden, intermediate, top_k, row counts): odd sizes (no 16-byte loads: the
     // scalar paths); sizes with f32 16-byte loads but not bf16 ones; rows of one chunk per lane
     // and partial batches; the real H 2560, I 640, top 10 with 64 experts at decode and more.
@@ -419,24 +420,38 @@ fn experts_match_the_reference() {
                 let got = gpu.download(&y, "y").unwrap();
                 let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
                 check(kernel, &shape, &got, &want);
-                // The down half a block per output row, where the rows form (DOWN_ROWS rows
-                // a block) took the shape: the same bits.
-                let per_row = gmoe::moe_experts_with_down(
-                    &gpu,
-                    &dx,
-                    &di,
-                    &dw,
-                    &dgu,
-                    &ddown,
-                    [rows, k, hidden, inter],
-                    false,
-                )
-                .unwrap();
+                // Both down kernels, chosen explicitly: a block per output row, and DOWN_ROWS
+                // rows a block where the shape allows (else a shape error naming it): the same
+                // bits.
+                let with_down = |by_rows: bool| {
+                    gmoe::moe_experts_with_down(
+                        &gpu,
+                        &dx,
+                        &di,
+                        &dw,
+                        &dgu,
+                        &ddown,
+                        [rows, k, hidden, inter],
+                        by_rows,
+                    )
+                };
+                let per_row = gpu.download(&with_down(false).unwrap(), "y").unwrap();
                 assert_eq!(
-                    bits(&gpu.download(&per_row, "y").unwrap()),
+                    bits(&per_row),
                     bits(&got),
                     "{kernel} {shape}: a block per row"
                 );
+                match with_down(true) {
+                    Ok(y) => {
+                        rows_form += 1;
+                        assert_eq!(
+                            bits(&gpu.download(&y, "y").unwrap()),
+                            bits(&per_row),
+                            "{kernel} {shape}: rows a block"
+                        );
+                    }
+                    Err(e) => assert!(e.to_string().contains("moe_experts_down_rows"), "{e}"),
+                }
                 // Running ahead (its inputs are complete: uploads): the same bits.
                 gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead =
@@ -483,6 +498,8 @@ fn experts_match_the_reference() {
         }
     }
 
+    // The real geometry and most smaller ones take the rows form.
+    assert!(rows_form > 10, "the rows form ran {rows_form} times");
     bad_id_poisons_only_its_row(
         &gpu,
         &mut rng,

@@ -51,7 +51,8 @@ pub struct Gpu {
     /// their launches (`exec::cuda::trace`).
     tracer: Mutex<Option<Tracer>>,
     tracing: AtomicBool,
-    /// Kernel names by function handle, for the timeline's labels.
+    /// Kernel names by function handle, for the timeline's labels (those looked up while it is
+    /// on: [`Gpu::enable_trace`] empties the function cache, so every later launch's is here).
     names: Mutex<HashMap<usize, String>>,
     /// Modules taken out of the cache by [`Gpu::enable_trace`], kept loaded for the graphs
     /// captured with them.
@@ -260,10 +261,12 @@ impl Gpu {
             .lock()
             .expect("function cache lock")
             .insert(key, f.clone());
-        self.names
-            .lock()
-            .expect("kernel names lock")
-            .insert(f.cu_function() as usize, name.to_string());
+        if self.tracing() {
+            self.names
+                .lock()
+                .expect("kernel names lock")
+                .insert(f.cu_function() as usize, name.to_string());
+        }
         Ok(f)
     }
 

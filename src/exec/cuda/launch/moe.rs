@@ -293,6 +293,18 @@ pub fn moe_experts_with_down(
     shape(down_kernel, top_k <= 4096, || {
         format!("top {top_k}: the down kernel keeps at most 4096 slot products a row")
     })?;
+    if by_rows {
+        shape(
+            &down.kernel("moe_experts_down_rows"),
+            down_rows_fits(top_k, hidden, intermediate),
+            || {
+                format!(
+                    "{DOWN_ROWS} rows a block: hidden {hidden} must split into them and top \
+                     {top_k} x intermediate {intermediate} act rows fit its shared memory"
+                )
+            },
+        )?;
+    }
     let slots = rows * top_k;
     let (s64, k32, h64, int64, e64) = (
         slots as i64,
@@ -331,29 +343,14 @@ pub fn moe_experts_with_down(
     // addresses allow.
     launched(gu_kernel, unsafe { b.launch(cfg) })?;
 
-    let down_kernel = if by_rows {
-        let name = down.kernel("moe_experts_down_rows");
-        shape(&name, down_rows_fits(top_k, hidden, intermediate), || {
-            format!(
-                "{DOWN_ROWS} rows a block: hidden {hidden} must split into them and top \
-                 {top_k} x intermediate {intermediate} act rows fit its shared memory"
-            )
-        })?;
-        name
-    } else {
-        down_name.clone()
-    };
     launch_down(
         gpu,
-        &down_kernel,
+        by_rows,
         &act,
         ids,
         w,
         down,
-        rows,
-        top_k,
-        hidden,
-        intermediate,
+        [rows, top_k, hidden, intermediate],
     )
 }
 
@@ -368,25 +365,34 @@ const DOWN_ROWS_MAX_SHARED: usize = 48 * 1024;
 fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool {
     hidden.is_multiple_of(DOWN_ROWS)
         && (top_k * intermediate).is_multiple_of(4)
-        && (top_k * intermediate + DOWN_ROWS * top_k) * 4 <= DOWN_ROWS_MAX_SHARED
+        && down_rows_shared(top_k, intermediate) <= DOWN_ROWS_MAX_SHARED
 }
 
-/// The down half of [`moe_experts`] with the given kernel (`moe_experts_down_*`: a block per
-/// output row; `moe_experts_down_rows_*`: `DOWN_ROWS` rows a block, which the shape must allow:
-/// [`down_rows_fits`]); both give the same bits.
-#[allow(clippy::too_many_arguments)]
+/// Shared memory of `moe_experts_down_rows_*`: the token's act rows and its blocks' products.
+fn down_rows_shared(top_k: usize, intermediate: usize) -> usize {
+    (top_k * intermediate + DOWN_ROWS * top_k) * 4
+}
+
+/// The down half of [`moe_experts`] (`dims`: rows, top k, hidden, intermediate): with `by_rows`,
+/// `moe_experts_down_rows_*` (`DOWN_ROWS` rows a block, which the caller has checked the shape
+/// allows: [`down_rows_fits`]), else `moe_experts_down_*` (a block per output row); both give
+/// the same bits.
 fn launch_down(
     gpu: &Gpu,
-    kernel: &str,
+    by_rows: bool,
     act: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,
     w: &CudaSlice<f32>,
     down: &DeviceMatrix,
-    rows: usize,
-    top_k: usize,
-    hidden: usize,
-    intermediate: usize,
+    dims: [usize; 4],
 ) -> Result<Buf<f32>, CudaError> {
+    let [rows, top_k, hidden, intermediate] = dims;
+    let name = down.kernel(if by_rows {
+        "moe_experts_down_rows"
+    } else {
+        "moe_experts_down"
+    });
+    let kernel = name.as_str();
     let experts = down.len() / (hidden * intermediate);
     let (t64, k32, h64, int64, e64) = (
         rows as i64,
@@ -399,12 +405,11 @@ fn launch_down(
     let mut y = gpu.output::<f32>(rows * hidden, kernel)?;
     let chunk = down.chunk_len();
     let lanes = down_lanes(intermediate, chunk) as i32;
-    let by_rows = kernel.starts_with("moe_experts_down_rows");
     let cfg = if by_rows {
         LaunchConfig {
             grid_dim: ((rows * hidden / DOWN_ROWS) as u32, 1, 1),
             block_dim: (DOWN_ROWS_THREADS, 1, 1),
-            shared_mem_bytes: ((top_k * intermediate + DOWN_ROWS * top_k) * 4) as u32,
+            shared_mem_bytes: down_rows_shared(top_k, intermediate) as u32,
         }
     } else {
         // A block per output row, a warp per round of slots (`experts_down` in kernels/moe.cu).
