@@ -10,7 +10,12 @@
 # as `graphrun run` prefills; add --chunk 2048 for chunks of 2048).
 # Add --trace for the decode step's timeline inside the replayed graph at the largest context,
 # kernel by kernel (the kernels are then built to record it: time the headline figures without).
+# GRAPHRUN_BIN picks another binary (an experiment's, say gpu-bin/handoff/graphrun) and NAME the
+# log's name ($OUT/$NAME.log, $OUT/$NAME.json; default bench), so that one device call compares
+# several builds.
 source "$(dirname "$0")/gpu_env.sh"
+bin="${GRAPHRUN_BIN:-./gpu-bin/graphrun}"
+name="${NAME:-bench}"
 args=("$@")
 if [ ${#args[@]} -eq 0 ]; then
     args=(--layers 8 --contexts 1024,8192 --prefills 2048,8192)
@@ -18,8 +23,9 @@ fi
 {
     echo "# graphrun bench"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "# command: ./gpu-bin/graphrun bench ${args[*]} --json bench.json"
+    echo "# command: $bin bench ${args[*]} --json $name.json"
     echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (plus uncommitted changes, if any)"
+    env | grep '^GRAPHRUN_' | sort | sed 's/^/# env: /' || true
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    ./gpu-bin/graphrun bench "${args[@]}" --json "$out/bench.json"
-} 2>&1 | tee "$out/bench.log"
+    "$bin" bench "${args[@]}" --json "$out/$name.json"
+} 2>&1 | tee "$out/$name.log"
