@@ -135,9 +135,12 @@ extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SE
             // ---- The softmax group. ----
             const int warp = tid >> 5, exp_warps = exp_threads >> 5;
             // The max (NaN ignored, as f32::max; -inf when every value is NaN).
+            // Each logit is kept in `probs` for the exps below (the same thread's e): read from
+            // global memory once, since the kernels running ahead of this one load L2 heavily.
             int key = float_order_key(MOE_NEG_INF);
             for (int e = tid; e < experts; e += exp_threads) {
                 const float v = __ldg(l + e);
+                probs[e] = v;
                 if (!isnan(v)) key = max(key, float_order_key(v));
             }
             key = __reduce_max_sync(MOE_FULL_MASK, key);
@@ -151,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SE
                 const int e = base + lane;
                 float p = 0.0f;
                 if (e < experts) {
-                    p = (float)exp((double)__fsub_rn(__ldg(l + e), mx));
+                    p = (float)exp((double)__fsub_rn(probs[e], mx));
                     probs[e] = p;
                 }
                 if (pieces > 1) {
