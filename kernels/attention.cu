@@ -66,35 +66,42 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
 // of its first `rot` channels at position step[0] + t. One launch instead of two, and the
 // normalised head is never stored.
 #define NORM_ROPE_MAX_DIM 1024
+
+// One head for the block: xs → ys (head h, position pos), staged in hn [head_dim] (shared).
+// block_sum's barriers also order this head's writes of hn after a previous head's reads.
+__device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const float* w, float* hn, long h,
+                                               long long pos, int head_dim, int rot, long w_len, float eps,
+                                               double theta) {
+    const int half = rot >> 1;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
+    const float inv = rsqrtf(block_sum(ss) / head_dim + eps);
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        const float wi = w_len == head_dim ? w[c] : w[h * head_dim + c];
+        hn[c] = xs[c] * inv * (1.0f + wi);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        if (c >= rot) {
+            ys[c] = hn[c];
+        } else {
+            float cs, sn;
+            rope_angle(pos, c < half ? c : c - half, rot, theta, &cs, &sn);
+            ys[c] = rope_channel(hn, c, rot, cs, sn);
+        }
+    }
+}
+
 extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* w, const long long* step, long rows,
                                          long width, int head_dim, int rot, long w_len, float eps, double theta) {
     wait_for_producers();
     __shared__ float hn[NORM_ROPE_MAX_DIM];
     const long long start = step[0];
     const long heads = width / head_dim;
-    const int half = rot >> 1;
     for (long b = blockIdx.x; b < rows * heads; b += gridDim.x) {
         const long t = b / heads, h = b - t * heads;
-        const float* xs = x + t * width + h * head_dim;
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
-        // block_sum's barriers also order this head's writes of hn after the previous head's reads.
-        const float inv = rsqrtf(block_sum(ss) / head_dim + eps);
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            const float wi = w_len == head_dim ? w[c] : w[h * head_dim + c];
-            hn[c] = xs[c] * inv * (1.0f + wi);
-        }
-        __syncthreads();
-        float* ys = y + t * width + h * head_dim;
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            if (c >= rot) {
-                ys[c] = hn[c];
-            } else {
-                float cs, sn;
-                rope_angle(start + t, c < half ? c : c - half, rot, theta, &cs, &sn);
-                ys[c] = rope_channel(hn, c, rot, cs, sn);
-            }
-        }
+        norm_rope_head(y + t * width + h * head_dim, x + t * width + h * head_dim, w, hn, h, start + t, head_dim, rot,
+                       w_len, eps, theta);
     }
 }
 
@@ -192,26 +199,40 @@ __device__ __forceinline__ unsigned int idx_ord(float score) {
 // key = rope(rms_norm(mean of the block's raw keys; 1 + w, eps); position block*blocksize); the
 // block's raw rows of this step are read from k_raw (they are appended by the same launch).
 // Thread blocks from `slots` on: append k_raw to rows [start, start+rows) of raw_keys and zero
-// the `zero` region of the work buffer. Dynamic shared memory: 3 * head_dim floats (the key,
-// the cos and sin of each channel's angle).
+// the `zero` region of the work buffer. Row t of k_raw starts at t * k_stride (head_dim; more
+// when the keys are read from the indexer's projection, `IndexerSelectQk`). Dynamic shared
+// memory: 3 * head_dim floats (the key, the cos and sin of each channel's angle).
+//
+// With `q_out` (IndexerSelectQk), the last rows * q_heads thread blocks also form the queries as
+// norm_rope_f32 does (the same sums): head h of row t, read at q_in + t * q_stride + h * head_dim
+// (the projection's query heads), normalised with (1 + q_w), rotated, into q_out [rows,
+// q_heads * head_dim] for launch 2. Those blocks stage the head in the dynamic shared memory.
 extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* pooled, unsigned int* work,
                                                    const float* k_raw, const float* w, const long long* step, long rows,
                                                    int head_dim, int rot, int block, float eps, double theta, long nb,
-                                                   long capacity, long slots) {
+                                                   long capacity, long slots, long k_stride, float* q_out,
+                                                   const float* q_in, const float* q_w, long q_stride, int q_heads) {
     wait_for_producers();
     extern __shared__ float key[];
     __shared__ float inv_shared;
     const long long start = step[0];
+    const long q_blocks = q_out != nullptr ? rows * q_heads : 0;
+    if (blockIdx.x >= gridDim.x - q_blocks) {
+        const long b = blockIdx.x - (gridDim.x - q_blocks), t = b / q_heads, h = b - t * q_heads;
+        norm_rope_head(q_out + (t * q_heads + h) * head_dim, q_in + t * q_stride + h * head_dim, q_w, key, h,
+                       start + t, head_dim, rot, head_dim, eps, theta);
+        return;
+    }
     if (blockIdx.x >= slots) {
         const long zero_n = rows * IDX_ZSTRIDE, n = zero_n + rows * head_dim;
-        const long stride = (long)(gridDim.x - slots) * blockDim.x;
+        const long stride = (long)(gridDim.x - q_blocks - slots) * blockDim.x;
         for (long i = (long)(blockIdx.x - slots) * blockDim.x + threadIdx.x; i < n; i += stride) {
             if (i < zero_n) {
                 work[i] = 0u;
             } else {
                 const long e = i - zero_n;
                 const long long r = start + e / head_dim;
-                if (r >= 0 && r < capacity) raw_keys[r * head_dim + e % head_dim] = k_raw[e];
+                if (r >= 0 && r < capacity) raw_keys[r * head_dim + e % head_dim] = k_raw[(e / head_dim) * k_stride + e % head_dim];
             }
         }
         return;
@@ -228,7 +249,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
 #pragma unroll
         for (int o = 0; o < 8; o++) {
             const long long r = b * block + o;
-            v[o] = o >= block ? 0.0f : r >= start ? k_raw[(r - start) * head_dim + c] : raw_keys[r * head_dim + c];
+            v[o] = o >= block ? 0.0f : r >= start ? k_raw[(r - start) * k_stride + c] : raw_keys[r * head_dim + c];
         }
         float cs = 1.0f, sn = 0.0f;
         if (c < rot) rope_angle(b * block, c < half ? c : c - half, rot, theta, &cs, &sn);
@@ -241,7 +262,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
         }
         for (int o = 8; o < block; o++) {
             const long long r = b * block + o;
-            m = __fadd_rn(m, r >= start ? k_raw[(r - start) * head_dim + c] : raw_keys[r * head_dim + c]);
+            m = __fadd_rn(m, r >= start ? k_raw[(r - start) * k_stride + c] : raw_keys[r * head_dim + c]);
         }
         key[c] = __fdiv_rn(m, (float)block);
     }

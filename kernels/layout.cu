@@ -477,33 +477,64 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
 }
 
 // hc_read_gate_s's body. When each warp has one channel and its lanes split over the streams with
-// every chunk of an `up` row in one round (decode at the real geometry), a warp issues the loads
-// that do not need the activations (its `up` chunks, its stream's h and norm weight) before
-// those of the partial sums, so that the kernel waits on one round of loads instead of three;
-// the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 -> 5.75 us a node in the
-// replayed graph (results/2026-11-30-trace-ple-ids-hc-gate.log).
+// every chunk of an `up` row in one round (decode at the real geometry), a lane loads its `up`
+// chunks into registers before the kernel's wait (hc_read_gate_prefetch_up) and its stream's h
+// and norm weight before the partial sums, so that the kernel waits on one round of loads
+// instead of three; the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 ->
+// 5.75 us a node in the replayed graph with the up loads after the wait
+// (results/2026-11-30-trace-ple-ids-hc-gate.log).
+//
+// A gate lane's place: its warp's channel c, its stream s (32 / C lanes a stream), the up row ch,
+// and whether the block takes the early path (uniform over the block). Index math only.
+struct HcGateLane {
+    bool split, early, live;
+    int per;
+    long c, s, ch, chunks, first;
+};
+
+template <typename W>
+__device__ __forceinline__ HcGateLane hc_gate_lane(const W* up, long streams, long hid, long rank) {
+    constexpr int N = WeightVec<W>::N;
+    HcGateLane g;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    g.split = streams <= 32 && 32 % streams == 0;
+    g.per = g.split ? 32 / (int)streams : 32;
+    g.c = (long)blockIdx.x * warps + (threadIdx.x >> 5);
+    g.s = lane / g.per;
+    g.ch = g.s * hid + g.c;
+    g.chunks = rank / N;
+    g.first = lane % g.per;
+    g.early = g.split && (long)gridDim.x * warps >= hid && rank % N == 0 && aligned16(up) &&
+              g.chunks <= HC_GATE_CHUNKS * g.per;
+    g.live = g.c < hid;
+    return g;
+}
+
+// Before the wait: the lane's chunks of its up row into registers on the early path (weights
+// only), so that after the wait the kernel waits on L2 for the partial sums and h alone.
+template <typename W>
+__device__ __forceinline__ void hc_read_gate_prefetch_up(uint4* raw, const W* up, long streams, long hid,
+                                                         long rank) {
+    const HcGateLane g = hc_gate_lane<W>(up, streams, hid, rank);
+    if (g.early && g.live) short_chunks_load<W, HC_GATE_CHUNKS>(up + g.ch * rank, g.chunks, g.first, g.per, raw);
+}
+
+// `raw`: the lane's up chunks, loaded by hc_read_gate_prefetch_up.
 template <typename W>
 __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const float* h, const float* part,
                                                     const float* ssq, const float* w, const W* up, long streams,
-                                                    long hid, long rank, long w_len, float eps) {
-    constexpr int N = WeightVec<W>::N;
+                                                    long hid, long rank, long w_len, float eps, const uint4* raw) {
     __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];
     __shared__ float inv_s[HC_MAX_STREAMS];
     const long t = blockIdx.y, width = streams * hid, outs = rank + streams;
     const float* ht = h + t * width;
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const bool split = streams <= 32 && 32 % streams == 0;
-    const int per = split ? 32 / (int)streams : 32;
-    const long c = (long)blockIdx.x * warps + (threadIdx.x >> 5), s = lane / per, ch = s * hid + c;
-    const long chunks = rank / N, first = lane % per;
-    // Uniform over the block (it decides whether the block takes the early path).
-    const bool early = split && (long)gridDim.x * warps >= hid && rank % N == 0 && aligned16(up) &&
-                       chunks <= HC_GATE_CHUNKS * per;
-    const bool live = c < hid;
-    uint4 raw[HC_GATE_CHUNKS];
+    const int lane = threadIdx.x & 31;
+    const HcGateLane g = hc_gate_lane<W>(up, streams, hid, rank);
+    const bool early = g.early, live = g.live;
+    const int per = g.per;
+    const long c = g.c, s = g.s, ch = g.ch, chunks = g.chunks, first = g.first;
     float hv = 0.0f, nw = 0.0f;
     if (early && live) {
-        short_chunks_load<W, HC_GATE_CHUNKS>(up + ch * rank, chunks, first, per, raw);
         hv = ht[ch];
         nw = hc_norm_weight(w, ch, hid, w_len);
     }
@@ -557,8 +588,10 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         if (threadIdx.x < streams && c0 < hid)                                                                \
             prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
                              min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        uint4 raw[HC_GATE_CHUNKS];                                                                            \
+        hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
         wait_for_producers();                                                                                 \
-        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, w_len, eps);                 \
+        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, w_len, eps, raw);            \
     }
 
 HC_READ_STREAM_KERNELS(float, f32)

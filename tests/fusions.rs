@@ -32,17 +32,26 @@ fn program_on(
     (lowered.program, fired)
 }
 
+/// A kept value: activations (compared within the tolerance) or a QSA selection (compared
+/// exactly: the fused indexer must keep the same blocks).
+#[derive(Debug, PartialEq)]
+enum Kept {
+    F32(Vec<f32>),
+    Sel(String),
+}
+
 fn values(
     p: &Program,
     w: &Weights,
     state: &mut SessionState,
     tokens: &[i64],
     keep: &[&str],
-) -> Vec<(String, Vec<f32>)> {
+) -> Vec<(String, Kept)> {
     let mut got = cpu::run_values(p, w, state, tokens, keep).unwrap();
     keep.iter()
         .map(|k| match got.remove(*k).unwrap() {
-            cpu::Val::F32 { data, .. } => (k.to_string(), data),
+            cpu::Val::F32 { data, .. } => (k.to_string(), Kept::F32(data)),
+            cpu::Val::Sel(sel) => (k.to_string(), Kept::Sel(format!("{sel:?}"))),
             other => panic!("{k}: unexpected {other:?}"),
         })
         .collect()
@@ -122,11 +131,19 @@ fn each_fusion_matches_the_unfused_graph() {
                     let a = values(p_plain, &weights, &mut s_plain, toks, &keep);
                     let b = values(p_fused, &weights, &mut s_fused, toks, &keep);
                     for ((value, x), (_, y)) in b.iter().zip(&a) {
-                        let err = rel_err(x, y);
-                        assert!(
-                            err <= TOLERANCE,
-                            "{config} ({device:?}): fusion `{name}`: `{value}` differs by {err:e}"
-                        );
+                        match (x, y) {
+                            (Kept::F32(x), Kept::F32(y)) => {
+                                let err = rel_err(x, y);
+                                assert!(
+                                    err <= TOLERANCE,
+                                    "{config} ({device:?}): fusion `{name}`: `{value}` differs by {err:e}"
+                                );
+                            }
+                            (x, y) => assert_eq!(
+                                x, y,
+                                "{config} ({device:?}): fusion `{name}`: `{value}` differs"
+                            ),
+                        }
                     }
                 }
             }

@@ -817,6 +817,147 @@ fn indexer_steps(
     }
 }
 
+/// `indexer_select_qk` (`IndexerSelectQk`: the indexer over its projection `[rows, (heads + 1) *
+/// head_dim]`) against the unfused chain on the GPU (`norm_rope` of the query heads' slice, then
+/// `indexer_select` with the key slice), each on its own copy of the states filled to `fill`
+/// positions: the same selection, raw keys and pooled keys bit for bit (the fused launch forms
+/// the queries as `norm_rope` does, with its block size); the selection is also checked against
+/// the reference (`ops::indexer`) given the GPU's queries, as `indexer_steps` does.
+#[allow(clippy::too_many_arguments)]
+fn indexer_qk_steps(
+    gpu: &Gpu,
+    name: &str,
+    s: &IndexerShape,
+    theta: f64,
+    capacity: usize,
+    fill: usize,
+    steps: &[(usize, Queries)],
+    seed: u64,
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let eps = 1e-6f32;
+    let (id, keep, qw) = (s.head_dim, s.budget / s.block, s.heads * s.head_dim);
+    let k_norm = random(&mut rng, id);
+    let q_norm = random(&mut rng, id);
+    let (dk_norm, dq_norm) = (
+        gpu.upload(&k_norm, "k_norm").unwrap(),
+        gpu.upload(&q_norm, "q_norm").unwrap(),
+    );
+    let mut raw = random(&mut rng, fill * id);
+    let mut pooled = Vec::new();
+    pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+    let padded = |v: &[f32], len: usize| {
+        let mut p = v.to_vec();
+        p.resize(len, 0.0);
+        p
+    };
+    let (raw_init, pooled_init) = (
+        padded(&raw, capacity * id),
+        padded(&pooled, capacity / s.block * id),
+    );
+    // [fused, unfused] copies of the two states.
+    let mut d_raw = [0, 1].map(|_| gpu.upload(&raw_init, "raw").unwrap());
+    let mut d_pooled = [0, 1].map(|_| gpu.upload(&pooled_init, "pooled").unwrap());
+    let mut start = fill;
+    for &(rows, queries) in steps {
+        let label = format!(
+            "{name} {}x{id} b{} k{keep} T{rows} @{start} {queries:?} (projection)",
+            s.heads, s.block
+        );
+        let mut qk = random(&mut rng, rows * (qw + id));
+        for row in qk.chunks_mut(qw + id) {
+            match queries {
+                Queries::Random => {}
+                Queries::Zero => row[..qw].fill(0.0),
+                Queries::OneHead => row[id..qw].fill(0.0),
+            }
+        }
+        let q_raw: Vec<f32> = qk.chunks(qw + id).flat_map(|r| r[..qw].to_vec()).collect();
+        let ik: Vec<f32> = qk.chunks(qw + id).flat_map(|r| r[qw..].to_vec()).collect();
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let [raw_f, raw_u] = &mut d_raw;
+        let [pooled_f, pooled_u] = &mut d_pooled;
+        let fused = attn::indexer_select_qk(
+            gpu,
+            &gpu.upload(&qk, "qk").unwrap(),
+            &dq_norm,
+            &dk_norm,
+            raw_f,
+            pooled_f,
+            rows,
+            &step,
+            s,
+            capacity,
+            eps,
+            theta,
+        )
+        .unwrap();
+        let dq = attn::norm_rope(
+            gpu,
+            &gpu.upload(&q_raw, "q_raw").unwrap(),
+            &dq_norm,
+            rows,
+            &step,
+            id,
+            s.rotary_dim,
+            eps,
+            theta,
+        )
+        .unwrap();
+        let unfused = attn::indexer_select(
+            gpu,
+            &dq,
+            &gpu.upload(&ik, "ik").unwrap(),
+            &dk_norm,
+            raw_u,
+            pooled_u,
+            rows,
+            &step,
+            s,
+            capacity,
+            eps,
+            theta,
+        )
+        .unwrap();
+        gpu.sync(&label).unwrap();
+        let sel_f = gpu.download(&fused, "selection").unwrap();
+        assert!(
+            sel_f == gpu.download(&unfused, "selection").unwrap(),
+            "{label}: the fused selection differs from the unfused chain's"
+        );
+        let rows_of =
+            |d: &CudaSlice<f32>, a: usize, b: usize| gpu.stream.clone_dtoh(&d.slice(a..b)).unwrap();
+        let (a, b) = (start * id, (start + rows) * id);
+        assert!(rows_of(raw_f, a, b) == ik, "{label}: raw keys differ");
+        assert!(
+            rows_of(raw_u, a, b) == ik,
+            "{label}: raw keys differ (unfused)"
+        );
+        // Reference (as exec::cpu), given the GPU's queries.
+        raw.extend_from_slice(&ik);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+        let first = start / s.block * id;
+        if pooled.len() > first {
+            let got = rows_of(pooled_f, first, pooled.len());
+            assert!(
+                got == rows_of(pooled_u, first, pooled.len()),
+                "{label}: pooled keys differ from the unfused chain's"
+            );
+            check("indexer_select_prep_f32", &label, &got, &pooled[first..]);
+        }
+        let iq = gpu.download(&dq, "q").unwrap();
+        let want = select(&iq, &pooled, rows, start, s);
+        let got = decode_selection(&sel_f, rows, keep, s.block);
+        let sparse = assert_selection(&label, &got, &want, &iq, &pooled, start, s);
+        println!(
+            "{:<28} {label:<44} {rows} rows equal ({sparse} sparse, {} blocks)",
+            "indexer_select_qk",
+            pooled.len() / id
+        );
+        start += rows;
+    }
+}
+
 /// Steps of 1, 3, 8 and 64 rows, then ties (all scores 0) and partial ties (one head).
 const ROWS_1_3_8_64: [(usize, Queries); 8] = [
     (1, Queries::Random),
@@ -899,6 +1040,52 @@ fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
         &ROWS_1_3_8_64,
         0x70000,
     );
+}
+
+/// The indexer over its projection (`indexer_select_qk`) at tiny and real shapes, against the
+/// unfused chain on the GPU and the reference: from position 0, across the real dense/sparse
+/// boundary, and at 8k tokens.
+#[test]
+fn indexer_select_qk_matches_the_unfused_chain() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for (i, (heads, head_dim, rotary_dim, budget, block)) in
+        [(2, 8, 4, 4, 2), (5, 12, 6, 40, 4), (1, 6, 4, 6, 2)]
+            .into_iter()
+            .enumerate()
+    {
+        let s = IndexerShape {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        };
+        indexer_qk_steps(
+            &gpu,
+            "tiny",
+            &s,
+            10_000.0,
+            2048,
+            0,
+            &ROWS_1_3_8_64,
+            0x9c0 + i as u64,
+        );
+    }
+    let s = IndexerShape {
+        heads: 4,
+        head_dim: 128,
+        rotary_dim: 64,
+        budget: 2048,
+        block: 4,
+    };
+    let boundary = [
+        (8, Queries::Random),
+        (64, Queries::OneHead),
+        (1, Queries::Random),
+        (3, Queries::Zero),
+    ];
+    indexer_qk_steps(&gpu, "real", &s, 1e7, 4096, 2040, &boundary, 0x9c51);
+    indexer_qk_steps(&gpu, "real", &s, 1e7, 8448, 8100, &ROWS_1_3_8_64, 0x9c80);
 }
 
 /// A bad launch is an error naming the kernel, not a crash.

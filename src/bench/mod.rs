@@ -408,6 +408,9 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
         }
         Op::IndexerSelect {
             head_dim, block, ..
+        }
+        | Op::IndexerSelectQk {
+            head_dim, block, ..
         } => {
             c.kv_and_indexer += (context / block) as u64 * *head_dim as u64 * 4;
         }

@@ -144,6 +144,30 @@ fn rows_buf(buf: &mut StateBuf) -> (&mut Vec<f32>, usize) {
     }
 }
 
+/// The indexer's step (`Op::IndexerSelect`): the step's raw keys `k` appended to the key state,
+/// the blocks they complete pooled (key norm `k_norm`), then the selection for the queries `q`.
+#[allow(clippy::too_many_arguments)]
+fn indexer_select(
+    q: &[f32],
+    k: &[f32],
+    k_norm: &[f32],
+    states: &mut [StateBuf],
+    rows: usize,
+    start: usize,
+    s: &indexer::IndexerShape,
+    eps: f32,
+    consts: &crate::ir::Consts,
+) -> Vec<indexer::RowSel> {
+    let (raw, _) = rows_buf(&mut states[0]);
+    raw.extend_from_slice(k);
+    let raw = std::mem::take(raw);
+    let (pooled, _) = rows_buf(&mut states[1]);
+    indexer::pool_blocks(&raw, pooled, k_norm, s, eps, consts.rope_theta);
+    let sel = indexer::select(q, pooled, rows, start, s);
+    *rows_buf(&mut states[0]).0 = raw;
+    sel
+}
+
 fn fixed_buf(buf: &mut StateBuf) -> &mut Vec<f32> {
     match buf {
         StateBuf::Fixed(v) => v,
@@ -364,13 +388,39 @@ fn exec_node(
                 budget: *budget,
                 block: *block,
             };
-            let (raw, _) = rows_buf(&mut states[0]);
-            raw.extend_from_slice(k);
-            let raw = std::mem::take(raw);
-            let (pooled, _) = rows_buf(&mut states[1]);
-            indexer::pool_blocks(&raw, pooled, &w[0].data, &s, eps, consts.rope_theta);
-            let sel = indexer::select(q, pooled, rows, start, &s);
-            *rows_buf(&mut states[0]).0 = raw;
+            let sel = indexer_select(q, k, &w[0].data, states, rows, start, &s, eps, consts);
+            Ok(vec![Val::Sel(sel)])
+        }
+        // The unfused chain's slices and query norm_rope, then the indexer.
+        Op::IndexerSelectQk {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            let (qk, rows) = inputs[0].f32();
+            let q_width = heads * head_dim;
+            let q_raw = ew::slice_cols(qk, rows, 0, q_width);
+            let k = ew::slice_cols(qk, rows, q_width, *head_dim);
+            let q = rope::norm_rope(
+                &q_raw,
+                &w[0].data,
+                rows,
+                start,
+                *head_dim,
+                *rotary_dim,
+                eps,
+                consts.rope_theta,
+            );
+            let s = indexer::IndexerShape {
+                heads: *heads,
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+                budget: *budget,
+                block: *block,
+            };
+            let sel = indexer_select(&q, &k, &w[1].data, states, rows, start, &s, eps, consts);
             Ok(vec![Val::Sel(sel)])
         }
         // The CPU selection carries its block size itself.

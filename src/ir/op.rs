@@ -148,6 +148,17 @@ pub enum Op<D> {
         budget: D,
         block: D,
     },
+    /// `IndexerSelect` over the indexer's projection `qk [T, heads*head_dim + head_dim]` (the
+    /// query heads, then the key) with the queries' RMS norm (scale `1 + w`) and RoPE folded in
+    /// (fusion `indexer_select_qk`: the two slices and `NormRope` of the unfused chain); weights
+    /// the query norm `[head_dim]`, then `k_layernorm [head_dim]`; states as `IndexerSelect`.
+    IndexerSelectQk {
+        heads: D,
+        head_dim: D,
+        rotary_dim: D,
+        budget: D,
+        block: D,
+    },
     /// GQA attention over the KV cache (appends `k, v` first) restricted to the selection,
     /// whose block ids count blocks of `block` positions.
     Attention {
@@ -272,6 +283,7 @@ impl<D> Op<D> {
             Op::SigmoidMul => "sigmoid_mul",
             Op::GatedStreamMean { .. } => "gated_stream_mean",
             Op::IndexerSelect { .. } => "indexer_select",
+            Op::IndexerSelectQk { .. } => "indexer_select_qk",
             Op::Attention { .. } => "attention",
             Op::MoeRouter { .. } => "moe_router",
             Op::MoeExperts { .. } => "moe_experts",
@@ -363,6 +375,7 @@ impl<D> Op<D> {
                 NormRope { head_dim, rotary_dim },
                 GatedStreamMean { streams },
                 IndexerSelect { heads, head_dim, rotary_dim, budget, block },
+                IndexerSelectQk { heads, head_dim, rotary_dim, budget, block },
                 Attention { heads, kv_heads, head_dim, block },
                 MoeRouter { top_k },
                 MoeExperts { experts, intermediate },

@@ -55,6 +55,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "sigmoid_mul"
         | "gated_stream_mean"
         | "indexer_select"
+        | "indexer_select_qk"
         | "attention"
         | "moe_router"
         | "ple_ngram_ids"

@@ -278,6 +278,24 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             Ok(vec![(Selection, 0)])
         }
+        Op::IndexerSelectQk {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 2)?;
+            check(inputs[0].1 == (heads + 1) * head_dim, || {
+                "the projection's width: heads + 1 heads".into()
+            })?;
+            check(
+                *block > 0 && budget % block == 0 && rotary_dim <= head_dim,
+                || "budget/block".into(),
+            )?;
+            Ok(vec![(Selection, 0)])
+        }
         Op::Attention {
             heads,
             kv_heads,

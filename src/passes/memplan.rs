@@ -84,7 +84,7 @@ fn plan_arena(program: &mut Program) {
 /// Bytes of one row of a value of type `ty` and `width` columns made by `producer`: f32 `4 *
 /// width`, i64 `8 * width`, a QSA selection `4 * (2 + budget/block)` (`i32 [T, 2 + K]`:
 /// `visible`, `count`, then `K = budget/block` block ids, docs/cuda-plan.md), its `budget` and
-/// `block` those of the producing `IndexerSelect` (K = 0 for any other producer, which
+/// `block` those of the producing `IndexerSelect` or `IndexerSelectQk` (K = 0 for any other producer, which
 /// `validate` rejects).
 pub fn row_bytes(ty: ValueType, width: usize, producer: Option<&Op<usize>>) -> usize {
     match ty {
@@ -92,7 +92,10 @@ pub fn row_bytes(ty: ValueType, width: usize, producer: Option<&Op<usize>>) -> u
         ValueType::I64 => 8 * width,
         ValueType::Selection => {
             let keep = match producer {
-                Some(Op::IndexerSelect { budget, block, .. }) if *block > 0 => budget / block,
+                Some(
+                    Op::IndexerSelect { budget, block, .. }
+                    | Op::IndexerSelectQk { budget, block, .. },
+                ) if *block > 0 => budget / block,
                 _ => 0,
             };
             4 * (2 + keep)
@@ -423,9 +426,11 @@ mod tests {
         let node = p
             .nodes
             .iter()
-            .find(|n| matches!(n.op, Op::IndexerSelect { .. }))
+            .find(|n| matches!(n.op, Op::IndexerSelect { .. } | Op::IndexerSelectQk { .. }))
             .unwrap();
-        let Op::IndexerSelect { budget, block, .. } = node.op else {
+        let (Op::IndexerSelect { budget, block, .. } | Op::IndexerSelectQk { budget, block, .. }) =
+            node.op
+        else {
             unreachable!()
         };
         let sel = p.value(&node.outputs[0]).unwrap();

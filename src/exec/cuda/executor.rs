@@ -1263,6 +1263,41 @@ fn launch_node<'v>(
             );
             vec![DVal::Sel { buf: sel? }]
         }
+        Op::IndexerSelectQk {
+            heads,
+            head_dim,
+            rotary_dim,
+            budget,
+            block,
+        } => {
+            let (qk, rows) = arg(0).f32();
+            let shape = IndexerShape {
+                heads: *heads,
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+                budget: *budget,
+                block: *block,
+            };
+            let [raw, pooled] = &mut bufs[..] else {
+                unreachable!("the template declares two states")
+            };
+            let (raw, pooled) = (f32_state(raw), f32_state(pooled));
+            let sel = attention::indexer_select_qk(
+                gpu,
+                qk,
+                weights.vector(w(0))?,
+                weights.vector(w(1))?,
+                raw,
+                pooled,
+                rows,
+                step,
+                &shape,
+                cap,
+                eps,
+                theta,
+            );
+            vec![DVal::Sel { buf: sel? }]
+        }
         Op::Attention {
             heads,
             kv_heads,

@@ -145,9 +145,11 @@ mod tests {
                     // Index arithmetic over the kernel's arguments (a `const` whose value
                     // indexes nothing: no `[`), or a weight prefetch.
                     let index_math = code.starts_with("const ") && !code.contains('[');
-                    // Declarations: a local without a value (registers that `load_own_state` fills),
+                    // Declarations: a local without a value (registers that `load_own_state` or a
+                    // weight prefetch fills),
                     // shared memory, a type alias.
-                    let declaration = (code.starts_with("float ") && !code.contains('='))
+                    let declaration = ((code.starts_with("float ") || code.starts_with("uint4 "))
+                        && !code.contains('='))
                         || code.starts_with("__shared__ ")
                         || code.starts_with("using ");
                     assert!(

@@ -111,6 +111,12 @@ pub fn rope(
     Ok(y)
 }
 
+/// Threads of a block that forms a head in `norm_rope_head` (kernels/attention.cu): `norm_rope`'s,
+/// and `indexer_select_qk`'s first launch, so that both sum the same squares in the same order.
+fn norm_rope_threads(head_dim: usize) -> u32 {
+    head_dim.div_ceil(2).next_multiple_of(32).min(256) as u32
+}
+
 /// As `NORM_ROPE_MAX_DIM` in the kernel source (the staged head).
 const NORM_ROPE_MAX_DIM: usize = 1024;
 
@@ -173,11 +179,7 @@ pub fn norm_rope(
         .arg(&theta);
     let cfg = LaunchConfig {
         grid_dim: (blocks.min(65_535 * 8) as u32, 1, 1),
-        block_dim: (
-            head_dim.div_ceil(2).next_multiple_of(32).min(256) as u32,
-            1,
-            1,
-        ),
+        block_dim: (norm_rope_threads(head_dim), 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: x and y hold rows*width floats, w head_dim or width; a block stages one head of at
@@ -248,6 +250,118 @@ pub fn indexer_select(
     eps: f32,
     theta: f64,
 ) -> Result<Buf<i32>, CudaError> {
+    let IndexerShape {
+        heads, head_dim, ..
+    } = *shape_;
+    shape(
+        "indexer_select",
+        q.len() == rows * heads * head_dim && k_raw.len() == rows * head_dim,
+        || {
+            format!(
+                "q {} values, k {} values for {rows} rows of {heads}x{head_dim}",
+                q.len(),
+                k_raw.len()
+            )
+        },
+    )?;
+    select_launches(
+        gpu,
+        IndexerQuery::Ready { q, k_raw },
+        k_norm,
+        raw_keys,
+        pooled,
+        rows,
+        step,
+        shape_,
+        capacity,
+        eps,
+        theta,
+    )
+}
+
+/// `IndexerSelectQk` (as `exec::cpu`): [`indexer_select`] over the indexer's projection `qk
+/// [rows, (heads + 1) * head_dim]` (the query heads, then the key), the queries normalised with
+/// `1 + q_norm` and rotated by the first launch's extra thread blocks (as `norm_rope`) into a
+/// scratch for the scores, the keys read from the projection in place: the same three launches
+/// as [`indexer_select`], where the unfused chain has three more (two slices and `norm_rope`).
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_select_qk(
+    gpu: &Gpu,
+    qk: &CudaSlice<f32>,
+    q_norm: &CudaSlice<f32>,
+    k_norm: &CudaSlice<f32>,
+    raw_keys: &mut CudaSlice<f32>,
+    pooled: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    shape_: &IndexerShape,
+    capacity: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<i32>, CudaError> {
+    let kernel = "indexer_select_qk";
+    let IndexerShape {
+        heads, head_dim, ..
+    } = *shape_;
+    shape(
+        kernel,
+        rows > 0 && qk.len() == rows * (heads + 1) * head_dim && q_norm.len() == head_dim,
+        || {
+            format!(
+                "qk {} values, q_norm {} for {rows} rows of {heads} query heads and a key of {head_dim}",
+                qk.len(),
+                q_norm.len()
+            )
+        },
+    )?;
+    shape(kernel, head_dim <= NORM_ROPE_MAX_DIM, || {
+        format!("head_dim {head_dim} is more than {NORM_ROPE_MAX_DIM}")
+    })?;
+    select_launches(
+        gpu,
+        IndexerQuery::Projection { qk, q_norm },
+        k_norm,
+        raw_keys,
+        pooled,
+        rows,
+        step,
+        shape_,
+        capacity,
+        eps,
+        theta,
+    )
+}
+
+/// Where the indexer's queries and keys come from.
+enum IndexerQuery<'a> {
+    /// Normalised, roped queries `[rows, heads*head_dim]` and raw keys `[rows, head_dim]`.
+    Ready {
+        q: &'a CudaSlice<f32>,
+        k_raw: &'a CudaSlice<f32>,
+    },
+    /// The projection `[rows, (heads + 1) * head_dim]` and the query norm's weight.
+    Projection {
+        qk: &'a CudaSlice<f32>,
+        q_norm: &'a CudaSlice<f32>,
+    },
+}
+
+/// The three launches of [`indexer_select`] and [`indexer_select_qk`] (their shapes of `q`, `k`
+/// checked by the callers).
+#[allow(clippy::too_many_arguments)]
+fn select_launches(
+    gpu: &Gpu,
+    query: IndexerQuery<'_>,
+    k_norm: &CudaSlice<f32>,
+    raw_keys: &mut CudaSlice<f32>,
+    pooled: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    shape_: &IndexerShape,
+    capacity: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<i32>, CudaError> {
     let kernel = "indexer_select";
     let IndexerShape {
         heads,
@@ -264,18 +378,9 @@ pub fn indexer_select(
         || format!("rows {rows}, heads {heads}, block {block}, capacity {capacity}"),
     )?;
     let blocks = capacity / block;
-    shape(
-        kernel,
-        q.len() == rows * heads * hd && k_raw.len() == rows * hd && k_norm.len() == hd,
-        || {
-            format!(
-                "q {} values, k {} values, k_norm {} for {rows} rows of {heads}x{hd}",
-                q.len(),
-                k_raw.len(),
-                k_norm.len()
-            )
-        },
-    )?;
+    shape(kernel, k_norm.len() == hd, || {
+        format!("k_norm {} values for keys of {hd}", k_norm.len())
+    })?;
     shape(
         kernel,
         raw_keys.len() == capacity * hd && pooled.len() >= blocks * hd,
@@ -304,26 +409,43 @@ pub fn indexer_select(
         capacity as i64,
     );
     let mut work = gpu.scratch::<u32>(indexer_work_len(rows, blocks), kernel)?;
+    // The queries for launch 2: ready, or formed by launch 1 into a scratch.
+    let mut q_formed = match query {
+        IndexerQuery::Projection { .. } => Some(gpu.scratch::<f32>(rows * heads * hd, kernel)?),
+        IndexerQuery::Ready { .. } => None,
+    };
+    let (k_raw, k_stride) = match query {
+        IndexerQuery::Ready { k_raw, .. } => (k_raw.slice(..), hd),
+        IndexerQuery::Projection { qk, .. } => (qk.slice(heads * hd..), (heads + 1) * hd),
+    };
 
     // 1. The raw keys, the blocks this step completes (at most ceil(rows/block), one thread
     //    block each), the zeroed counters.
     let prep = "indexer_select_prep_f32";
     let slots = rows.div_ceil(block);
+    // A projection's query heads are formed by this launch's last thread blocks with
+    // `norm_rope`'s block size, so that they equal `norm_rope`'s bit for bit.
+    let threads = if q_formed.is_some() {
+        norm_rope_threads(hd)
+    } else {
+        PREP_THREADS
+    };
     let spread = (rows * (IDX_ZSTRIDE + hd))
-        .div_ceil(PREP_THREADS as usize * 8)
+        .div_ceil(threads as usize * 8)
         .clamp(1, 1024);
+    let q_blocks = if q_formed.is_some() { rows * heads } else { 0 };
     let f = gpu.function(FILE, prep)?;
     let cfg = LaunchConfig {
-        grid_dim: ((slots + spread) as u32, 1, 1),
-        block_dim: (PREP_THREADS, 1, 1),
+        grid_dim: ((slots + spread + q_blocks) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: (3 * hd * 4) as u32,
     };
-    let slots64 = slots as i64;
+    let (slots64, k_stride64, heads32) = (slots as i64, k_stride as i64, heads as i32);
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *raw_keys)
         .arg(&mut *pooled)
         .arg(&mut *work)
-        .arg(k_raw)
+        .arg(&k_raw)
         .arg(k_norm)
         .arg(step)
         .arg(&r64)
@@ -334,13 +456,33 @@ pub fn indexer_select(
         .arg(&theta)
         .arg(&blocks64)
         .arg(&cap64)
-        .arg(&slots64);
+        .arg(&slots64)
+        .arg(&k_stride64);
+    let null = 0u64;
+    let q_stride64 = k_stride64;
+    match (&mut q_formed, &query) {
+        (Some(q_out), IndexerQuery::Projection { qk, q_norm }) => {
+            b.arg(&mut **q_out).arg(*qk).arg(*q_norm);
+        }
+        _ => {
+            b.arg(&null).arg(&null).arg(&null);
+        }
+    }
+    b.arg(&q_stride64).arg(&heads32);
     // SAFETY: raw_keys holds capacity rows of hd, pooled at least `blocks` rows (checked above),
-    // k_raw rows*hd floats, work indexer_work_len(rows, blocks) words of which the kernel zeroes
-    // the first rows*IDX_ZSTRIDE; it pools only blocks below `blocks`, whose raw rows lie below
-    // the capacity, and appends only rows below the capacity; the dynamic shared memory is 3*hd
-    // floats; slots + spread (at most 1024) thread blocks.
+    // k_raw rows rows of hd floats k_stride apart (checked by the callers), work
+    // indexer_work_len(rows, blocks) words of which the kernel zeroes the first rows*IDX_ZSTRIDE;
+    // it pools only blocks below `blocks`, whose raw rows lie below the capacity, and appends only
+    // rows below the capacity; the dynamic shared memory is 3*hd floats (at least the hd a
+    // query block stages); slots + spread (at most 1024) thread blocks, then with a projection
+    // rows*heads query blocks writing q_formed [rows, heads*hd] from qk's query heads (q_stride
+    // apart) and q_norm [hd].
     launched(prep, unsafe { b.launch(cfg) })?;
+    let q: &CudaSlice<f32> = match (&q_formed, &query) {
+        (Some(q_formed), _) => q_formed,
+        (None, IndexerQuery::Ready { q, .. }) => q,
+        (None, IndexerQuery::Projection { .. }) => unreachable!("formed above"),
+    };
 
     // 2. The order keys of the scores of every complete block for every sparse row, and the
     //    rows' histograms.
