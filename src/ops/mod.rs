@@ -56,6 +56,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gated_stream_mean"
         | "indexer_select"
         | "attention"
+        | "gated_attention"
         | "moe_router"
         | "ple_ngram_ids"
         | "ple_gate"
