@@ -60,37 +60,36 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
     }
 }
 
-// NormRope (`Op::NormRope`): a block per (row t, head h) of x [rows, width]: the head's RMS norm
-// with (1 + w) (w [head_dim], or [width] indexed by the channel of the row), as
-// rms_norm_reference_f32 computes it, staged in shared memory, then rope_reference_f32's rotation
-// of its first `rot` channels at position step[0] + t. One launch instead of two, and the
-// normalised head is never stored.
-#define NORM_ROPE_MAX_DIM 1024
-
-// One head for the block: xs → ys (head h, position pos), staged in hn [head_dim] (shared).
-// block_sum's barriers also order this head's writes of hn after a previous head's reads.
-__device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const float* w, float* hn, long h,
-                                               long long pos, int head_dim, int rot, long w_len, float eps,
-                                               double theta) {
+// One head of NormRope, by a whole thread block: xs [head_dim] RMS-normalised with (1 + w[c])
+// (w: this head's weights), as rms_norm_reference_f32 computes it, staged in hn [head_dim]
+// (shared memory), then rope_reference_f32's rotation of its first `rot` channels at `position`
+// into ys. blockDim.x a multiple of 32 (block_sum); the sum of squares is reduced in an order
+// that depends on blockDim.x, so kernels that must agree bit for bit (norm_rope_f32 and
+// gated_attention_prepare_f32) launch it with the same block size. block_sum's barriers also
+// order this head's writes of hn after the block's reads of it for the previous head.
+__device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const float* w, float* hn, int head_dim,
+                                               int rot, long long position, float eps, double theta) {
     const int half = rot >> 1;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
     const float inv = rsqrtf(block_sum(ss) / head_dim + eps);
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-        const float wi = w_len == head_dim ? w[c] : w[h * head_dim + c];
-        hn[c] = xs[c] * inv * (1.0f + wi);
-    }
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) hn[c] = xs[c] * inv * (1.0f + w[c]);
     __syncthreads();
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
         if (c >= rot) {
             ys[c] = hn[c];
         } else {
             float cs, sn;
-            rope_angle(pos, c < half ? c : c - half, rot, theta, &cs, &sn);
+            rope_angle(position, c < half ? c : c - half, rot, theta, &cs, &sn);
             ys[c] = rope_channel(hn, c, rot, cs, sn);
         }
     }
 }
+
+// NormRope (`Op::NormRope`): a block per (row t, head h) of x [rows, width]: norm_rope_head with
+// w [head_dim], or [width] indexed by the channel of the row, at position step[0] + t. One
+// launch instead of two, and the normalised head is never stored.
+#define NORM_ROPE_MAX_DIM 1024
 
 extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* w, const long long* step, long rows,
                                          long width, int head_dim, int rot, long w_len, float eps, double theta) {
@@ -100,8 +99,49 @@ extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* 
     const long heads = width / head_dim;
     for (long b = blockIdx.x; b < rows * heads; b += gridDim.x) {
         const long t = b / heads, h = b - t * heads;
-        norm_rope_head(y + t * width + h * head_dim, x + t * width + h * head_dim, w, hn, h, start + t, head_dim, rot,
-                       w_len, eps, theta);
+        const long at = t * width + h * head_dim;
+        norm_rope_head(y + at, x + at, w_len == head_dim ? w : w + h * head_dim, hn, head_dim, rot, start + t, eps,
+                       theta);
+    }
+}
+
+// GatedAttention's first kernel (`Op::GatedAttention`; src/exec/cuda/launch/attention.rs
+// `gated_attention`): the step's q and k heads normalised and rotated, k and v appended to the
+// caches, in one launch. A block per (row t, head), the row's `heads` q heads then its
+// `kv_heads` k heads, each by norm_rope_head at position step[0] + t as norm_rope_f32 does it
+// (the launcher gives both kernels the same block size: the same bits):
+//   q head h: the q half of the head's (q, gate) pair in qg [rows, heads*2*head_dim] (as
+//             split_q_gate_reference_f32 reads it) → q [rows, heads*head_dim], row t, head h;
+//   k head g: k_raw [rows, kv_heads*head_dim] row t, head g → row step[0] + t of k_cache, and the
+//             same head of v's row t copied to that row of v_cache (append_rows2_f32's appends;
+//             rows at or past `capacity` are neither computed nor written).
+// q_w_len, k_w_len: head_dim (one weight shared by the heads) or the width of q, k (a weight
+// per channel of the row), as norm_rope_f32's w_len.
+extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache, float* v_cache, const float* qg,
+                                                       const float* k_raw, const float* v, const float* q_w,
+                                                       const float* k_w, const long long* step, long rows, int heads,
+                                                       int kv_heads, int head_dim, int rot, long q_w_len,
+                                                       long k_w_len, float eps, double theta, long capacity) {
+    wait_for_producers();
+    __shared__ float hn[NORM_ROPE_MAX_DIM];
+    const long long start = step[0];
+    const long per_row = heads + kv_heads;
+    const long kw = (long)kv_heads * head_dim;
+    for (long b = blockIdx.x; b < rows * per_row; b += gridDim.x) {
+        const long t = b / per_row, h = b - t * per_row;
+        if (h < heads) {
+            const float* w = q_w_len == head_dim ? q_w : q_w + h * head_dim;
+            norm_rope_head(q + (t * heads + h) * head_dim, qg + (t * heads + h) * 2 * head_dim, w, hn, head_dim, rot,
+                           start + t, eps, theta);
+        } else {
+            const long g = h - heads;
+            const long long r = start + t;
+            if (r < 0 || r >= capacity) continue;  // uniform over the block
+            const long src = t * kw + g * head_dim, dst = r * kw + g * head_dim;
+            for (int c = threadIdx.x; c < head_dim; c += blockDim.x) v_cache[dst + c] = v[src + c];
+            const float* w = k_w_len == head_dim ? k_w : k_w + g * head_dim;
+            norm_rope_head(k_cache + dst, k_raw + src, w, hn, head_dim, rot, r, eps, theta);
+        }
     }
 }
 
@@ -219,8 +259,8 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
     const long q_blocks = q_out != nullptr ? rows * q_heads : 0;
     if (blockIdx.x >= gridDim.x - q_blocks) {
         const long b = blockIdx.x - (gridDim.x - q_blocks), t = b / q_heads, h = b - t * q_heads;
-        norm_rope_head(q_out + (t * q_heads + h) * head_dim, q_in + t * q_stride + h * head_dim, q_w, key, h,
-                       start + t, head_dim, rot, head_dim, eps, theta);
+        norm_rope_head(q_out + (t * q_heads + h) * head_dim, q_in + t * q_stride + h * head_dim, q_w, key, head_dim,
+                       rot, start + t, eps, theta);
         return;
     }
     if (blockIdx.x >= slots) {
@@ -723,8 +763,23 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
 // rescaled), so any number of positions works. In a chunk each warp scores positions (lanes over
 // the channels), then each thread accumulates channels over the chunk's positions.
 // blockDim.x == ATTN_CHUNK. Dynamic shared memory: 2 * head_dim floats (q, accumulator).
+//
+// attention_reference_gated_f32 (GatedAttention's attention where the split kernels do not take
+// the shape): the same, each output times sigmoid(gate), the gate read from the fused q
+// projection qg [rows, heads*2*head_dim] (head h of row t: its second head_dim values), with
+// sigmoid_mul_reference_f32's expression: the bits of attention_reference_f32 then sigmoid_mul.
 
 #define ATTN_CHUNK 256
+
+// Output channel d of (row, head) `task` from the attention's accumulator and sum, and with
+// GATED times sigmoid of its gate in qg (`task * 2 * head_dim + head_dim + d`), as
+// sigmoid_mul_reference_f32 computes x * sigmoid(g) of the stored attention output.
+template <bool GATED>
+__device__ __forceinline__ float attention_out(float acc, float l, const float* qg, long task, int head_dim, int d) {
+    const float y = l > 0.0f ? acc / l : 0.0f;
+    if (!GATED) return y;
+    return y * sigmoid_f32(qg[(2 * task + 1) * head_dim + d]);
+}
 
 __device__ __forceinline__ float block_max_f32(float v) {
     __shared__ float partial_max[32];
@@ -738,10 +793,11 @@ __device__ __forceinline__ float block_max_f32(float v) {
     return m;
 }
 
-extern "C" __global__ void attention_reference_f32(float* out, const float* q, const float* k_cache,
-                                                   const float* v_cache, const int* sel, long rows, int heads,
-                                                   int kv_heads, int head_dim, int block, int keep, long capacity) {
-    wait_for_producers();
+template <bool GATED>
+__device__ __forceinline__ void attention_reference(float* out, const float* q, const float* k_cache,
+                                                    const float* v_cache, const int* sel, const float* qg, long rows,
+                                                    int heads, int kv_heads, int head_dim, int block, int keep,
+                                                    long capacity) {
     extern __shared__ float smem[];
     float* qs = smem;              // [head_dim]
     float* acc = smem + head_dim;  // [head_dim]
@@ -818,10 +874,27 @@ extern "C" __global__ void attention_reference_f32(float* out, const float* q, c
         }
         __syncthreads();
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            out[task * head_dim + d] = l > 0.0f ? acc[d] / l : 0.0f;
+            out[task * head_dim + d] = attention_out<GATED>(acc[d], l, qg, task, head_dim, d);
         }
         __syncthreads();  // qs and acc are rewritten by the next task
     }
+}
+
+extern "C" __global__ void attention_reference_f32(float* out, const float* q, const float* k_cache,
+                                                   const float* v_cache, const int* sel, long rows, int heads,
+                                                   int kv_heads, int head_dim, int block, int keep, long capacity) {
+    wait_for_producers();
+    attention_reference<false>(out, q, k_cache, v_cache, sel, nullptr, rows, heads, kv_heads, head_dim, block, keep,
+                               capacity);
+}
+
+extern "C" __global__ void attention_reference_gated_f32(float* out, const float* q, const float* k_cache,
+                                                         const float* v_cache, const int* sel, const float* qg,
+                                                         long rows, int heads, int kv_heads, int head_dim, int block,
+                                                         int keep, long capacity) {
+    wait_for_producers();
+    attention_reference<true>(out, q, k_cache, v_cache, sel, qg, rows, heads, kv_heads, head_dim, block, keep,
+                              capacity);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -855,6 +928,8 @@ extern "C" __global__ void attention_reference_f32(float* out, const float* q, c
 // 2. `attention_split_combine_f32`: one thread block per (row, head): M = max m_s,
 //    out = Σ_s exp(m_s - M)·acc_s / Σ_s exp(m_s - M)·l_s (0 where no position was attended).
 //    blockDim.x == SPLIT_THREADS. Dynamic shared memory: splits floats.
+//    `attention_split_combine_gated_f32` (GatedAttention): the same, times sigmoid(gate) as
+//    attention_reference_gated_f32 (the gate in qg; sigmoid_mul_reference_f32's bits).
 
 #define SPLIT_THREADS 256
 #define SPLIT_CHUNK 32
@@ -1138,10 +1213,10 @@ ATTENTION_SPLIT_KERNEL(attention_split_upto16_f32, 16, false)
 
 // Thread (sg = tid/64, c4 = tid%64) sums quad c4 over the splits sg, sg + 4, ... (independent
 // loads, several in flight); the four split groups are then summed in shared memory.
-extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
-    attention_split_combine_f32(float* out, const float* part_acc, const float* part_ml, long rows, int heads,
-                                int head_dim, int splits) {
-    wait_for_producers();
+template <bool GATED>
+__device__ __forceinline__ void attention_split_combine(float* out, const float* part_acc, const float* part_ml,
+                                                        const float* qg, long rows, int heads, int head_dim,
+                                                        int splits) {
     extern __shared__ float split_weight[];  // [splits]
     __shared__ float4 partial[3][SPLIT_MAX_QUADS];
     const float2* ml_all = reinterpret_cast<const float2*>(part_ml);
@@ -1177,13 +1252,28 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
                 o.z += b.z;
                 o.w += b.w;
             }
+            const int d = 4 * c4;
             float4 r;
-            r.x = l > 0.0f ? o.x / l : 0.0f;
-            r.y = l > 0.0f ? o.y / l : 0.0f;
-            r.z = l > 0.0f ? o.z / l : 0.0f;
-            r.w = l > 0.0f ? o.w / l : 0.0f;
+            r.x = attention_out<GATED>(o.x, l, qg, task, head_dim, d);
+            r.y = attention_out<GATED>(o.y, l, qg, task, head_dim, d + 1);
+            r.z = attention_out<GATED>(o.z, l, qg, task, head_dim, d + 2);
+            r.w = attention_out<GATED>(o.w, l, qg, task, head_dim, d + 3);
             reinterpret_cast<float4*>(out + task * head_dim)[c4] = r;
         }
         __syncthreads();  // split_weight and partial are rewritten by the next task
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    attention_split_combine_f32(float* out, const float* part_acc, const float* part_ml, long rows, int heads,
+                                int head_dim, int splits) {
+    wait_for_producers();
+    attention_split_combine<false>(out, part_acc, part_ml, nullptr, rows, heads, head_dim, splits);
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    attention_split_combine_gated_f32(float* out, const float* part_acc, const float* part_ml, const float* qg,
+                                      long rows, int heads, int head_dim, int splits) {
+    wait_for_producers();
+    attention_split_combine<true>(out, part_acc, part_ml, qg, rows, heads, head_dim, splits);
 }

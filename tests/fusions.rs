@@ -6,9 +6,9 @@
 mod common;
 
 use graphrun::exec::{cpu, SessionState};
-use graphrun::ir::{Device, LogitsMode, Phase, Program};
+use graphrun::ir::{Device, LogitsMode, Op, Phase, Program};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
-use graphrun::plan::ModelPlan;
+use graphrun::plan::{LayerKind, ModelPlan};
 use graphrun::synth;
 use graphrun::weights::Weights;
 use rand::{Rng, SeedableRng};
@@ -229,6 +229,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "hc_read",
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
+            "gated_attention",
         ] {
             assert!(
                 counts[name] > 0,
@@ -273,9 +274,66 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     assert!(
         cuda_64["sigmoid_gated_add"] > 0
             && cuda_64["hc_inject"] > 0
-            && cuda_64["gdn_gated_recurrence"] > 0,
+            && cuda_64["gdn_gated_recurrence"] > 0
+            && cuda_64["gated_attention"] > 0,
         "{cuda_64:?}"
     );
+    // Every step size: the attention kernels take any number of rows.
+    assert!(cpu_long["gated_attention"] > 0, "{cpu_long:?}");
+}
+
+/// QSA's attention chain becomes one `GatedAttention` node per QSA layer: the fused q
+/// projection, k_raw, v and the selection in, the two norm weights (q's, then k's), the
+/// attention's caches as its states in their order, its output the gated attention's; on CUDA
+/// the split variant by its rule. Without the fusions that make NormRope and SigmoidMul before
+/// it, it finds nothing to match.
+#[test]
+fn gated_attention_takes_the_qsa_chain_with_its_caches() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let graphs = GraphSet::embedded().unwrap();
+    for (device, variant) in [(Device::Cpu, "reference"), (Device::Cuda, "split")] {
+        for (phase, tokens) in [(Phase::Decode, 1), (Phase::Prefill, 64)] {
+            let mut opts = LowerOptions::new(phase, tokens, LogitsMode::Last);
+            opts.device = device;
+            let lowered = lower(&plan, &graphs, &opts).unwrap();
+            let fused: Vec<_> = lowered
+                .program
+                .nodes
+                .iter()
+                .filter(|n| n.fused.as_deref() == Some("gated_attention"))
+                .collect();
+            let qsa_layers = plan
+                .layers
+                .iter()
+                .filter(|l| l.kind == LayerKind::Qsa)
+                .count();
+            assert!(qsa_layers > 0);
+            assert_eq!(fused.len(), qsa_layers, "{device:?} {phase:?}");
+            for n in fused {
+                let p = n
+                    .name
+                    .strip_suffix("attn_gated")
+                    .expect("the gated output's node");
+                let names = |xs: &[&str]| xs.iter().map(|x| format!("{p}{x}")).collect::<Vec<_>>();
+                assert_eq!(n.inputs, names(&["qg", "k_raw", "v", "selection"]), "{n:?}");
+                assert_eq!(n.outputs, names(&["attn_gated"]), "{n:?}");
+                assert_eq!(n.states, names(&["k_cache", "v_cache"]), "{n:?}");
+                assert!(
+                    n.weights[0].ends_with("q_norm.weight")
+                        && n.weights[1].ends_with("k_norm.weight"),
+                    "{n:?}"
+                );
+                assert_eq!(n.variant, variant, "{n:?}");
+                assert!(matches!(n.op, Op::GatedAttention { .. }), "{n:?}");
+            }
+            // Alone (no fusion made NormRope or SigmoidMul before it), it matches nothing.
+            let mut alone = opts.clone();
+            alone.fusions = Some(vec!["gated_attention".into()]);
+            let lowered = lower(&plan, &graphs, &alone).unwrap();
+            assert_eq!(lowered.fusion_counts["gated_attention"], 0);
+        }
+    }
 }
 
 /// A pattern argument `id.N` binds only output N of that pattern node: GDN's recurrence reads

@@ -21,9 +21,13 @@ mod common;
 use common::gpu::*;
 use cudarc::driver::{sys, CudaSlice};
 use graphrun::exec::cuda::device::Buf;
-use graphrun::exec::cuda::launch::attention as attn;
+use graphrun::exec::cuda::launch::attention::{
+    self as attn, GatedAttentionInputs, GatedAttentionShape,
+};
+use graphrun::exec::cuda::launch::{self, layout};
 use graphrun::exec::cuda::{CudaError, Gpu};
-use graphrun::ops::attention::{attend, AttnShape};
+use graphrun::ops::attention::{attend, split_q_gate, AttnShape};
+use graphrun::ops::elementwise::sigmoid_mul;
 use graphrun::ops::indexer::{pool_blocks, select, IndexerShape, RowSel};
 use graphrun::ops::rope;
 use rand::SeedableRng;
@@ -626,6 +630,343 @@ fn attention_split_matches_the_cpu_reference_at_real_shapes() {
     run_steps(&gpu, &g, 0x5_3000);
 }
 
+/// One geometry of `GatedAttention` (`attn::gated_attention`, `attn::gated_attention_split`):
+/// the op's dimensions, the selection's `keep`, the cache capacity, the steps `(start, rows)`.
+struct GatedCase {
+    name: &'static str,
+    shape: GatedAttentionShape,
+    keep: usize,
+    theta: f64,
+    capacity: usize,
+    steps: Vec<(usize, usize)>,
+    /// Norm weights per channel of the row (`[heads*hd]`, `[kv_heads*hd]`), not per head channel.
+    per_row_weights: bool,
+    /// Rows of a step longer than this are checked against the CPU at a sample of rows.
+    check_all_below: usize,
+}
+
+/// A selection of `rows` rows from position `start` as the indexer makes them (rows whose
+/// complete blocks number at most `keep` are dense, the others keep `keep` random blocks), as
+/// `RowSel`s and in the device format (docs/cuda-plan.md).
+fn random_selection(
+    rng: &mut ChaCha8Rng,
+    rows: usize,
+    start: usize,
+    keep: usize,
+    block: usize,
+) -> (Vec<RowSel>, Vec<i32>) {
+    let mut device = Vec::with_capacity(rows * (2 + keep));
+    let sel = (0..rows)
+        .map(|t| {
+            let visible = start + t + 1;
+            let complete = visible / block;
+            device.push(visible as i32);
+            if complete <= keep {
+                device.extend(std::iter::repeat_n(-1, 1 + keep));
+                RowSel::Dense { visible }
+            } else {
+                let mut blocks = rand::seq::index::sample(rng, complete, keep).into_vec();
+                blocks.sort_unstable();
+                device.push(keep as i32);
+                device.extend(blocks.iter().map(|&b| b as i32));
+                RowSel::Sparse {
+                    visible,
+                    blocks,
+                    block,
+                }
+            }
+        })
+        .collect();
+    (sel, device)
+}
+
+/// The unfused chain on the device, as the executor runs it without the fusion: split_q_gate,
+/// norm_rope of q and of k, the attention variant `split` or the reference (each appends k, v),
+/// sigmoid_mul by the gate.
+#[allow(clippy::too_many_arguments)]
+fn unfused_gated_attention(
+    gpu: &Gpu,
+    x: &GatedAttentionInputs,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    s: &GatedAttentionShape,
+    capacity: usize,
+    keep: usize,
+    eps: f32,
+    theta: f64,
+    split: bool,
+) -> Result<Buf<f32>, CudaError> {
+    let (hd, rot) = (s.head_dim, s.rotary_dim);
+    let (q_raw, gate) = layout::split_q_gate(gpu, x.qg, rows, s.heads, hd)?;
+    let q = attn::norm_rope(gpu, &q_raw, x.q_norm, rows, step, hd, rot, eps, theta)?;
+    let k = attn::norm_rope(gpu, x.k_raw, x.k_norm, rows, step, hd, rot, eps, theta)?;
+    let attend = if split {
+        attn::attention_split
+    } else {
+        attn::attention
+    };
+    let y = attend(
+        gpu, &q, &k, x.v, x.sel, k_cache, v_cache, rows, step, s.heads, s.kv_heads, hd, capacity,
+        keep, s.block,
+    )?;
+    launch::sigmoid_mul(gpu, &y, &gate, rows)
+}
+
+/// `GatedAttention`'s two device forms over consecutive steps, each on its own caches: against
+/// the CPU reference (`exec::cpu`'s composition: split_q_gate, norm_rope of q and k, the cache
+/// appends, attend, sigmoid_mul) within the f32 bound, and against the unfused kernels
+/// (`unfused_gated_attention`, caches of their own) bit for bit, output and caches.
+fn run_gated_steps(gpu: &Gpu, c: &GatedCase, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let s = &c.shape;
+    let (heads, hd, rot, block) = (s.heads, s.head_dim, s.rotary_dim, s.block);
+    let (qw, kw) = (heads * hd, s.kv_heads * hd);
+    let eps = 1e-6;
+    let attn_shape = AttnShape {
+        heads,
+        kv_heads: s.kv_heads,
+        head_dim: hd,
+    };
+    let q_norm = random(&mut rng, if c.per_row_weights { qw } else { hd });
+    let k_norm = random(&mut rng, if c.per_row_weights { kw } else { hd });
+    let (dq_norm, dk_norm) = (
+        gpu.upload(&q_norm, "q_norm").unwrap(),
+        gpu.upload(&k_norm, "k_norm").unwrap(),
+    );
+    // Caches: (fused, unfused) for the reference form, then for the split form.
+    let mut caches: Vec<[CudaSlice<f32>; 4]> = (0..2)
+        .map(|_| std::array::from_fn(|_| gpu.zeros::<f32>(c.capacity * kw, "cache").unwrap()))
+        .collect();
+    let (mut kc, mut vc) = (Vec::new(), Vec::new());
+    let mut position = 0;
+    for &(start, rows) in &c.steps {
+        assert_eq!(start, position, "steps are consecutive");
+        position += rows;
+        let label = format!("{} T{rows} @{start}", c.name);
+        let qg = random(&mut rng, rows * 2 * qw);
+        let k_raw = random(&mut rng, rows * kw);
+        let v = random(&mut rng, rows * kw);
+        let (sel, sel_dev) = random_selection(&mut rng, rows, start, c.keep, block);
+
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let (d_qg, d_k, d_v) = (
+            gpu.upload(&qg, "qg").unwrap(),
+            gpu.upload(&k_raw, "k_raw").unwrap(),
+            gpu.upload(&v, "v").unwrap(),
+        );
+        let d_sel = gpu.upload(&sel_dev, "selection").unwrap();
+        let x = GatedAttentionInputs {
+            qg: &d_qg,
+            k_raw: &d_k,
+            v: &d_v,
+            sel: &d_sel,
+            q_norm: &dq_norm,
+            k_norm: &dk_norm,
+        };
+        let mut ys = Vec::new();
+        for (split, [fk, fv, uk, uv]) in [false, true].into_iter().zip(&mut caches) {
+            let fused = if split {
+                attn::gated_attention_split
+            } else {
+                attn::gated_attention
+            };
+            let y = fused(
+                gpu, &x, fk, fv, rows, &step, s, c.capacity, c.keep, eps, c.theta,
+            );
+            let unfused = unfused_gated_attention(
+                gpu, &x, uk, uv, rows, &step, s, c.capacity, c.keep, eps, c.theta, split,
+            );
+            ys.push((y.unwrap(), unfused.unwrap()));
+        }
+        gpu.sync(&label).unwrap();
+
+        // Reference (as exec::cpu).
+        let (q_raw, gate) = split_q_gate(&qg, rows, heads, hd);
+        let q = rope::norm_rope(&q_raw, &q_norm, rows, start, hd, rot, eps, c.theta);
+        let k = rope::norm_rope(&k_raw, &k_norm, rows, start, hd, rot, eps, c.theta);
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+        let check_rows: Vec<usize> = if rows <= c.check_all_below {
+            (0..rows).collect()
+        } else {
+            let mut r: Vec<usize> = (0..rows).step_by(rows / 32).collect();
+            r.push(rows - 1);
+            r.dedup();
+            r
+        };
+        let pick = |x: &[f32]| -> Vec<f32> {
+            check_rows
+                .iter()
+                .flat_map(|&t| x[t * qw..(t + 1) * qw].iter().copied())
+                .collect()
+        };
+        let sel_sub: Vec<RowSel> = check_rows.iter().map(|&t| sel[t].clone()).collect();
+        let attended = attend(&pick(&q), &kc, &vc, &sel_sub, &attn_shape);
+        let want = sigmoid_mul(&attended, &pick(&gate), check_rows.len());
+
+        let mut report = Report(Vec::new());
+        for ((y, y_unfused), (form, [fk, fv, uk, uv])) in ys.iter().zip(
+            ["gated_attention", "gated_attention_split"]
+                .iter()
+                .zip(&caches),
+        ) {
+            let got = gpu.download(y, "y").unwrap();
+            report.check(
+                form,
+                &format!("{label} ({} rows)", check_rows.len()),
+                &pick(&got),
+                &want,
+            );
+            let unfused = gpu.download(y_unfused, "unfused y").unwrap();
+            report.same(&format!("{form} vs unfused"), &label, &got, &unfused);
+            let [fk, fv, uk, uv] = [fk, fv, uk, uv].map(|b| gpu.download(b, "cache").unwrap());
+            let filled = position * kw;
+            report.check(&format!("{form} k cache"), &label, &fk[..filled], &kc);
+            assert!(fv[..filled] == vc[..], "{label}: v cache of {form} differs");
+            report.same(&format!("{form} k cache vs unfused"), &label, &fk, &uk);
+            report.same(&format!("{form} v cache vs unfused"), &label, &fv, &uv);
+        }
+    }
+}
+
+/// `GatedAttention` at tiny shapes: steps of 1..8 rows from an empty cache across the dense /
+/// sparse boundary, norm weights per head channel and per row channel, block sizes 2 and 3; and
+/// shapes the split kernels hand to the reference (head_dim 6, 17 heads per kv head), where both
+/// forms run the prepare kernel and `attention_reference_gated_f32`.
+#[test]
+fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let shape = |heads, kv_heads, head_dim, rotary_dim, block| GatedAttentionShape {
+        heads,
+        kv_heads,
+        head_dim,
+        rotary_dim,
+        block,
+    };
+    let base = GatedCase {
+        name: "gated-tiny",
+        shape: shape(4, 2, 16, 8, 2),
+        keep: 2,
+        theta: 10_000.0,
+        capacity: 48,
+        steps: steps_from(&[(0, 10)]), // to position 39
+        per_row_weights: false,
+        check_all_below: usize::MAX,
+    };
+    let cases = [
+        (shape(4, 2, 16, 8, 2), 2, false),
+        (shape(4, 2, 16, 8, 2), 2, true),
+        (shape(12, 1, 32, 16, 3), 3, false),
+        (shape(24, 2, 20, 20, 2), 0, true),
+        (shape(6, 2, 6, 4, 2), 2, false),
+        (shape(34, 2, 8, 4, 2), 2, true),
+    ];
+    for (i, (shape, keep, per_row_weights)) in cases.into_iter().enumerate() {
+        println!(
+            "{}/{} heads of {} (rot {}, block {}, keep {keep}), per-row weights {per_row_weights}",
+            shape.heads, shape.kv_heads, shape.head_dim, shape.rotary_dim, shape.block
+        );
+        let c = GatedCase {
+            shape,
+            keep,
+            per_row_weights,
+            steps: base.steps.clone(),
+            ..base
+        };
+        run_gated_steps(&gpu, &c, 0x6a7e + i as u64);
+    }
+    // Steps that run past the capacity: rows at or past it are not appended, as append_rows2_f32.
+    let c = GatedCase {
+        name: "gated-tiny-full",
+        capacity: 12,
+        steps: vec![(0, 9), (9, 1), (10, 4)],
+        ..base
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6a7f);
+    let s = &c.shape;
+    let kw = s.kv_heads * s.head_dim;
+    let mut fused = [0, 1].map(|_| gpu.zeros::<f32>(c.capacity * kw, "cache").unwrap());
+    let mut unfused = [0, 1].map(|_| gpu.zeros::<f32>(c.capacity * kw, "cache").unwrap());
+    let q_norm = gpu.upload(&random(&mut rng, s.head_dim), "q_norm").unwrap();
+    let k_norm = gpu.upload(&random(&mut rng, s.head_dim), "k_norm").unwrap();
+    for &(start, rows) in &c.steps {
+        let qg = gpu
+            .upload(&random(&mut rng, rows * 2 * s.heads * s.head_dim), "qg")
+            .unwrap();
+        let k = gpu.upload(&random(&mut rng, rows * kw), "k").unwrap();
+        let v = gpu.upload(&random(&mut rng, rows * kw), "v").unwrap();
+        let (_, sel) = random_selection(&mut rng, rows, start, c.keep, s.block);
+        let sel = gpu.upload(&sel, "sel").unwrap();
+        let step = gpu.upload(&[start as i64], "step").unwrap();
+        let x = GatedAttentionInputs {
+            qg: &qg,
+            k_raw: &k,
+            v: &v,
+            sel: &sel,
+            q_norm: &q_norm,
+            k_norm: &k_norm,
+        };
+        let [fk, fv] = &mut fused;
+        let y = attn::gated_attention_split(
+            &gpu, &x, fk, fv, rows, &step, s, c.capacity, c.keep, 1e-6, c.theta,
+        )
+        .unwrap();
+        let [uk, uv] = &mut unfused;
+        let y_unfused = unfused_gated_attention(
+            &gpu, &x, uk, uv, rows, &step, s, c.capacity, c.keep, 1e-6, c.theta, true,
+        )
+        .unwrap();
+        let label = format!("{} T{rows} @{start}", c.name);
+        let mut report = Report(Vec::new());
+        let (got, want) = (
+            gpu.download(&y, "y").unwrap(),
+            gpu.download(&y_unfused, "y").unwrap(),
+        );
+        report.same("gated_attention_split vs unfused", &label, &got, &want);
+        for (f, u) in fused.iter().zip(&unfused) {
+            let (f, u) = (
+                gpu.download(f, "cache").unwrap(),
+                gpu.download(u, "cache").unwrap(),
+            );
+            report.same("caches vs unfused", &label, &f, &u);
+        }
+    }
+}
+
+/// `GatedAttention` at the real Qwen3.8-Flash-Next shape (24/2 heads of 256, rot 64, block 4):
+/// a prefill of 300 rows, then decodes and a 5-row step, with the real budget (keep 512: every
+/// row dense at these positions, the split count of a real decode) and with keep 32 (rows sparse
+/// from position 131 on).
+#[test]
+fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let c = GatedCase {
+        name: "gated-real",
+        shape: GatedAttentionShape {
+            heads: 24,
+            kv_heads: 2,
+            head_dim: 256,
+            rotary_dim: 64,
+            block: 4,
+        },
+        keep: 512,
+        theta: 1e7,
+        capacity: 4096,
+        steps: vec![(0, 300), (300, 1), (301, 5), (306, 1), (307, 1)],
+        per_row_weights: false,
+        check_all_below: 8,
+    };
+    run_gated_steps(&gpu, &c, 0x6a7e_3000);
+    let c = GatedCase {
+        name: "gated-real-keep32",
+        keep: 32,
+        ..c
+    };
+    run_gated_steps(&gpu, &c, 0x6a7e_3001);
+}
+
 /// The top-k at the largest selection the geometry allows: 65536 complete blocks (256k tokens,
 /// block 4). The states for positions 0..262139 are uploaded (random raw keys, pooled by the
 /// reference: one step of that size would need a score scratch of rows x 65536); then a 4-token
@@ -1108,6 +1449,47 @@ fn shape_errors_name_the_kernel() {
         panic!("a selection too short for keep 2 was accepted")
     };
     assert!(err.to_string().contains("attention_reference_f32"), "{err}");
+    // GatedAttention: a k norm weight of neither length, a qg without its gates.
+    let s = GatedAttentionShape {
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 16,
+        rotary_dim: 8,
+        block: 2,
+    };
+    let qg = gpu.upload(&[1.0f32; 64], "qg").unwrap();
+    let w = gpu.upload(&[1.0f32; 16], "w").unwrap();
+    let w5 = gpu.upload(&[1.0f32; 5], "w5").unwrap();
+    let mut inputs = GatedAttentionInputs {
+        qg: &qg,
+        k_raw: &k,
+        v: &k,
+        sel: &sel,
+        q_norm: &w,
+        k_norm: &w5,
+    };
+    for attend in [attn::gated_attention, attn::gated_attention_split] {
+        let Err(err) = attend(
+            &gpu, &inputs, &mut kc, &mut vc, 1, &step, &s, 4, 1, 1e-6, 1e4,
+        ) else {
+            panic!("a k norm weight of 5 values was accepted")
+        };
+        assert!(
+            err.to_string().contains("gated_attention_prepare_f32"),
+            "{err}"
+        );
+    }
+    inputs.k_norm = &w;
+    inputs.qg = &x;
+    let Err(err) = attn::gated_attention_split(
+        &gpu, &inputs, &mut kc, &mut vc, 1, &step, &s, 4, 1, 1e-6, 1e4,
+    ) else {
+        panic!("a qg of 32 values for 2 heads of 16 was accepted")
+    };
+    assert!(
+        err.to_string().contains("gated_attention_prepare_f32"),
+        "{err}"
+    );
 }
 
 /// Time per call at the real geometry with 8k and 256k tokens of context (caches of exactly that

@@ -175,6 +175,32 @@ fn fixed_buf(buf: &mut StateBuf) -> &mut Vec<f32> {
     }
 }
 
+fn selection(v: &Val) -> &[indexer::RowSel] {
+    match v {
+        Val::Sel(s) => s,
+        _ => unreachable!("validated programs feed a selection"),
+    }
+}
+
+/// `Attention`'s body: appends `k`, `v` to the caches `states[0]`, `states[1]`, then attends.
+fn append_and_attend(
+    states: &mut [StateBuf],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sel: &[indexer::RowSel],
+    s: &attention::AttnShape,
+) -> Vec<f32> {
+    let (kc, _) = rows_buf(&mut states[0]);
+    kc.extend_from_slice(k);
+    let keys = std::mem::take(kc);
+    let (vc, _) = rows_buf(&mut states[1]);
+    vc.extend_from_slice(v);
+    let out = attention::attend(q, &keys, vc, sel, s);
+    *rows_buf(&mut states[0]).0 = keys;
+    out
+}
+
 fn exec_node(
     program: &Program,
     node: &Node,
@@ -430,24 +456,40 @@ fn exec_node(
             head_dim,
             ..
         } => {
-            let (q, _) = inputs[0].f32();
-            let sel = match inputs[3] {
-                Val::Sel(s) => s,
-                _ => unreachable!(),
-            };
-            let (kc, _) = rows_buf(&mut states[0]);
-            kc.extend_from_slice(inputs[1].f32().0);
-            let keys = std::mem::take(kc);
-            let (vc, _) = rows_buf(&mut states[1]);
-            vc.extend_from_slice(inputs[2].f32().0);
+            let sel = selection(inputs[3]);
             let s = attention::AttnShape {
                 heads: *heads,
                 kv_heads: *kv_heads,
                 head_dim: *head_dim,
             };
-            let out = attention::attend(q, &keys, vc, sel, &s);
-            *rows_buf(&mut states[0]).0 = keys;
-            one(sel.len(), out)
+            let (q, k, v) = (inputs[0].f32().0, inputs[1].f32().0, inputs[2].f32().0);
+            one(sel.len(), append_and_attend(states, q, k, v, sel, &s))
+        }
+        // The unfused chain, op by op: split_q_gate, norm_rope of q and of k, attention (with
+        // its cache appends), sigmoid_mul by the gate.
+        Op::GatedAttention {
+            heads,
+            kv_heads,
+            head_dim,
+            rotary_dim,
+            ..
+        } => {
+            let (qg, rows) = inputs[0].f32();
+            let sel = selection(inputs[3]);
+            let (q_raw, gate) = attention::split_q_gate(qg, rows, *heads, *head_dim);
+            let norm_rope = |x: &[f32], w: &[f32]| {
+                let theta = consts.rope_theta;
+                rope::norm_rope(x, w, rows, start, *head_dim, *rotary_dim, eps, theta)
+            };
+            let q = norm_rope(&q_raw, &w[0].data);
+            let k = norm_rope(inputs[1].f32().0, &w[1].data);
+            let s = attention::AttnShape {
+                heads: *heads,
+                kv_heads: *kv_heads,
+                head_dim: *head_dim,
+            };
+            let attn = append_and_attend(states, &q, &k, inputs[2].f32().0, sel, &s);
+            one(sel.len(), ew::sigmoid_mul(&attn, &gate, sel.len()))
         }
         Op::MoeRouter { top_k } => {
             let (logits, rows) = inputs[0].f32();

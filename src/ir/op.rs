@@ -167,6 +167,19 @@ pub enum Op<D> {
         head_dim: D,
         block: D,
     },
+    /// QSA's attention chain as one op (fusion `gated_attention`): `SplitQGate` of `qg
+    /// [T, heads*2*head_dim]` (per head: q then gate), `NormRope` of q (weight `q_norm`) and of
+    /// `k_raw [T, kv_heads*head_dim]` (weight `k_norm`; each `[head_dim]` or the row's width),
+    /// `Attention` of those with `v` and the selection (appending k, v to the states `k_cache`,
+    /// `v_cache` first), then `SigmoidMul` by the gate: inputs `qg, k_raw, v, selection`,
+    /// weights `q_norm, k_norm` → `[T, heads*head_dim]` (q, k and the ungated output never stored).
+    GatedAttention {
+        heads: D,
+        kv_heads: D,
+        head_dim: D,
+        rotary_dim: D,
+        block: D,
+    },
     /// Router: softmax over logits `[T, E]`, top-k (ties: lower expert id first), renormalised when
     /// the constants say `norm_topk_prob` → ids (i64), weights.
     MoeRouter {
@@ -285,6 +298,7 @@ impl<D> Op<D> {
             Op::IndexerSelect { .. } => "indexer_select",
             Op::IndexerSelectQk { .. } => "indexer_select_qk",
             Op::Attention { .. } => "attention",
+            Op::GatedAttention { .. } => "gated_attention",
             Op::MoeRouter { .. } => "moe_router",
             Op::MoeExperts { .. } => "moe_experts",
             Op::PleNgramIds { .. } => "ple_ngram_ids",
@@ -377,6 +391,7 @@ impl<D> Op<D> {
                 IndexerSelect { heads, head_dim, rotary_dim, budget, block },
                 IndexerSelectQk { heads, head_dim, rotary_dim, budget, block },
                 Attention { heads, kv_heads, head_dim, block },
+                GatedAttention { heads, kv_heads, head_dim, rotary_dim, block },
                 MoeRouter { top_k },
                 MoeExperts { experts, intermediate },
                 PleNgramIds { ngram, heads_per_ngram, table },

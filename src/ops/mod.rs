@@ -57,6 +57,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "indexer_select"
         | "indexer_select_qk"
         | "attention"
+        | "gated_attention"
         | "moe_router"
         | "ple_ngram_ids"
         | "ple_gate"

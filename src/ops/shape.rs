@@ -317,6 +317,39 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             })?;
             f(heads * head_dim)
         }
+        Op::GatedAttention {
+            heads,
+            kv_heads,
+            head_dim,
+            rotary_dim,
+            block,
+        } => {
+            // The unfused chain's rules in turn: the split of qg, the norm and RoPE of q (first
+            // weight) and of k_raw (second weight), the attention, the gate.
+            expect_inputs(inputs, 4)?;
+            expect_weights(weights, 2)?;
+            let part = |what: &'static str| move |msg: String| format!("{what}: {msg}");
+            let split = Op::SplitQGate {
+                heads: *heads,
+                head_dim: *head_dim,
+            };
+            let q_gate = infer(&split, &inputs[..1], &[]).map_err(part("qg"))?;
+            let norm_rope = Op::NormRope {
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+            };
+            let q = infer(&norm_rope, &q_gate[..1], &weights[..1]).map_err(part("q"))?;
+            let k = infer(&norm_rope, &inputs[1..2], &weights[1..]).map_err(part("k"))?;
+            let attention = Op::Attention {
+                heads: *heads,
+                kv_heads: *kv_heads,
+                head_dim: *head_dim,
+                block: *block,
+            };
+            let attn = infer(&attention, &[q[0], k[0], inputs[2], inputs[3]], &[])
+                .map_err(part("attention"))?;
+            infer(&Op::SigmoidMul, &[attn[0], q_gate[1]], &[])
+        }
         Op::MoeRouter { top_k } => {
             expect_inputs(inputs, 1)?;
             let e = f32_input(inputs[0], "logits")?;
@@ -496,5 +529,55 @@ mod tests {
         assert!(infer(&op, &[(F32, 55), b, a, z], &weights).is_err());
         assert!(infer(&op, &[qkv, b, a], &weights).is_err());
         assert!(infer(&op, &[qkv, b, a, z], &weights[..2]).is_err());
+    }
+
+    /// The gated attention's rule is the unfused chain's: the output is q's width, and a wrong
+    /// qg, k, v, selection or norm weight is refused, naming the part.
+    #[test]
+    fn gated_attention_checks_every_part() {
+        use ValueType::{Selection, F32};
+        let op = Op::GatedAttention {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+            block: 2,
+        };
+        let (qg, k, v, sel) = ((F32, 6 * 2 * 8), (F32, 16), (F32, 16), (Selection, 0));
+        let weights = vec![vec![8], vec![8]];
+        assert_eq!(infer(&op, &[qg, k, v, sel], &weights), Ok(vec![(F32, 48)]));
+        // Per-row norm weights, as NormRope takes them.
+        let per_row = vec![vec![48], vec![16]];
+        assert_eq!(infer(&op, &[qg, k, v, sel], &per_row), Ok(vec![(F32, 48)]));
+        let err = |inputs: &[Io], weights: &[Vec<usize>]| infer(&op, inputs, weights).unwrap_err();
+        // qg without its gates, k or v of another width, no selection.
+        assert!(err(&[(F32, 48), k, v, sel], &weights).starts_with("qg: "));
+        assert!(err(&[qg, (F32, 24), v, sel], &weights).starts_with("attention: "));
+        assert!(err(&[qg, k, (F32, 8), sel], &weights).starts_with("attention: "));
+        assert!(err(&[qg, k, v, (F32, 0)], &weights).starts_with("attention: "));
+        // A norm weight of neither length, q's and k's.
+        assert!(err(&[qg, k, v, sel], &[vec![7], vec![8]]).starts_with("q: "));
+        assert!(err(&[qg, k, v, sel], &[vec![8], vec![48]]).starts_with("k: "));
+        // An odd rotary_dim, heads that are no multiple of the kv heads.
+        let odd = Op::GatedAttention {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+            rotary_dim: 3,
+            block: 2,
+        };
+        assert!(infer(&odd, &[qg, k, v, sel], &weights).is_err());
+        let ragged = Op::GatedAttention {
+            heads: 6,
+            kv_heads: 4,
+            head_dim: 8,
+            rotary_dim: 4,
+            block: 2,
+        };
+        let k4 = (F32, 32);
+        assert!(infer(&ragged, &[qg, k4, k4, sel], &weights).is_err());
+        // A missing input or weight.
+        assert!(infer(&op, &[qg, k, v], &weights).is_err());
+        assert!(infer(&op, &[qg, k, v, sel], &weights[..1]).is_err());
     }
 }

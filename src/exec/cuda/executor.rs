@@ -1337,6 +1337,45 @@ fn launch_node<'v>(
             );
             vec![DVal::F32 { rows, buf: y? }]
         }
+        Op::GatedAttention {
+            heads,
+            kv_heads,
+            head_dim,
+            rotary_dim,
+            block,
+        } => {
+            let (qg, rows) = arg(0).f32();
+            let sel = match arg(3) {
+                DVal::Sel { buf } => buf,
+                _ => unreachable!("validated programs feed a selection"),
+            };
+            let keep = sel.len() / rows - 2;
+            let [kc, vc] = &mut bufs[..] else {
+                unreachable!("the fusion carries the attention's two states")
+            };
+            let (kc, vc) = (f32_state(kc), f32_state(vc));
+            let x = attention::GatedAttentionInputs {
+                qg,
+                k_raw: arg(1).f32().0,
+                v: arg(2).f32().0,
+                sel,
+                q_norm: weights.vector(w(0))?,
+                k_norm: weights.vector(w(1))?,
+            };
+            let shape = attention::GatedAttentionShape {
+                heads: *heads,
+                kv_heads: *kv_heads,
+                head_dim: *head_dim,
+                rotary_dim: *rotary_dim,
+                block: *block,
+            };
+            let attend = match node.variant.as_str() {
+                "split" => attention::gated_attention_split,
+                _ => attention::gated_attention,
+            };
+            let y = attend(gpu, &x, kc, vc, rows, step, &shape, cap, keep, eps, theta);
+            vec![DVal::F32 { rows, buf: y? }]
+        }
         Op::MoeRouter { top_k } => {
             let (logits, rows) = arg(0).f32();
             let experts = logits.len() / rows;

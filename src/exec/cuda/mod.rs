@@ -37,7 +37,9 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         "moe_experts" => &["token_major", "expert_major"],
         // One block per (row, head) over the row's positions; the GQA group of a kv head in one
         // block over a split of the positions (every step; a prefill row takes one split).
-        "attention" => &["reference", "split"],
+        // The fused QSA chain (`gated_attention`): its q/k prepared in one kernel, then either
+        // attention kernel with the output gate as its epilogue.
+        "attention" | "gated_attention" => &["reference", "split"],
         other if !crate::ops::variants(other).is_empty() => &["reference"],
         _ => &[],
     }

@@ -111,8 +111,9 @@ pub fn rope(
     Ok(y)
 }
 
-/// Threads of a block that forms a head in `norm_rope_head` (kernels/attention.cu): `norm_rope`'s,
-/// and `indexer_select_qk`'s first launch, so that both sum the same squares in the same order.
+/// Threads of a block that forms a head in `norm_rope_head` (kernels/attention.cu): those of
+/// [`norm_rope_launch`]'s kernels and of `indexer_select_qk`'s first launch, so that all sum the
+/// same squares in the same order.
 fn norm_rope_threads(head_dim: usize) -> u32 {
     head_dim.div_ceil(2).next_multiple_of(32).min(256) as u32
 }
@@ -177,15 +178,22 @@ pub fn norm_rope(
         .arg(&wl)
         .arg(&eps)
         .arg(&theta);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks.min(65_535 * 8) as u32, 1, 1),
-        block_dim: (norm_rope_threads(head_dim), 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = norm_rope_launch(blocks, head_dim);
     // SAFETY: x and y hold rows*width floats, w head_dim or width; a block stages one head of at
     // most NORM_ROPE_MAX_DIM channels, and each rotated channel's partner lies in the same head.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
+}
+
+/// The launch of a kernel that runs `norm_rope_head` (kernels/attention.cu) once per thread block
+/// and task, over `tasks` heads of `head_dim`: `norm_rope_f32` and `gated_attention_prepare_f32`
+/// alike, so that their heads' sums of squares are reduced in the same order (the same bits).
+fn norm_rope_launch(tasks: usize, head_dim: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (tasks.min(65_535 * 8) as u32, 1, 1),
+        block_dim: (norm_rope_threads(head_dim), 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// As the `IDX_*` constants in the kernel source: the work buffer's per-row stride of zeroed
@@ -628,37 +636,77 @@ pub fn attention(
     block: usize,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = "attention_reference_f32";
-    shape(kernel, 2 * head_dim * 4 <= SHARED_LIMIT, || {
-        format!("head_dim {head_dim} is too wide")
-    })?;
+    reference_fits(kernel, head_dim)?;
     append_kv(
         gpu, kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
+    let dims = AttendDims {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        capacity,
+        keep,
+        block,
+    };
+    attend_reference(gpu, kernel, q, None, sel, k_cache, v_cache, &dims)
+}
 
+/// The step's dimensions once the caches hold its rows (the attention kernels' shared arguments).
+struct AttendDims {
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    keep: usize,
+    block: usize,
+}
+
+/// Whether `attention_reference_f32`'s shared memory (q and the accumulator) holds a head.
+fn reference_fits(kernel: &str, head_dim: usize) -> Result<(), CudaError> {
+    shape(kernel, 2 * head_dim * 4 <= SHARED_LIMIT, || {
+        format!("head_dim {head_dim} is too wide")
+    })
+}
+
+/// `attention_reference_f32` over caches that already hold the step's rows (shapes checked by
+/// the caller); with `gate` (the fused q projection qg), `attention_reference_gated_f32`: each
+/// output times sigmoid of its gate.
+#[allow(clippy::too_many_arguments)]
+fn attend_reference(
+    gpu: &Gpu,
+    kernel: &str,
+    q: &CudaSlice<f32>,
+    gate: Option<&CudaSlice<f32>>,
+    sel: &CudaSlice<i32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    d: &AttendDims,
+) -> Result<Buf<f32>, CudaError> {
     let f = gpu.function(FILE, kernel)?;
     let mut y = gpu.output::<f32>(q.len(), kernel)?;
     let cfg = LaunchConfig {
-        grid_dim: ((rows * heads).min(i32::MAX as usize) as u32, 1, 1),
+        grid_dim: ((d.rows * d.heads).min(i32::MAX as usize) as u32, 1, 1),
         block_dim: (ATTN_CHUNK, 1, 1),
-        shared_mem_bytes: (2 * head_dim * 4) as u32,
+        shared_mem_bytes: (2 * d.head_dim * 4) as u32,
     };
     let (r64, h32, kv32, hd32, block32, keep32, cap64) = (
-        rows as i64,
-        heads as i32,
-        kv_heads as i32,
-        head_dim as i32,
-        block as i32,
-        keep as i32,
-        capacity as i64,
+        d.rows as i64,
+        d.heads as i32,
+        d.kv_heads as i32,
+        d.head_dim as i32,
+        d.block as i32,
+        d.keep as i32,
+        d.capacity as i64,
     );
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y)
-        .arg(q)
-        .arg(&*k_cache)
-        .arg(&*v_cache)
-        .arg(sel)
-        .arg(&r64)
+    b.arg(&mut *y).arg(q).arg(k_cache).arg(v_cache).arg(sel);
+    if let Some(qg) = gate {
+        b.arg(qg);
+    }
+    b.arg(&r64)
         .arg(&h32)
         .arg(&kv32)
         .arg(&hd32)
@@ -666,8 +714,9 @@ pub fn attention(
         .arg(&keep32)
         .arg(&cap64);
     // SAFETY: y and q hold rows*heads*head_dim floats, sel rows*(2+keep) ints, the caches
-    // capacity rows of kv_heads*head_dim; the kernel reads only cache rows below the capacity;
-    // the dynamic shared memory is 2*head_dim floats.
+    // capacity rows of kv_heads*head_dim, a gate's qg rows*heads*2*head_dim floats (checked by
+    // the callers); the kernel reads only cache rows below the capacity; the dynamic shared
+    // memory is 2*head_dim floats.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
@@ -729,30 +778,72 @@ pub fn attention_split(
     keep: usize,
     block: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    let group = heads.checked_div(kv_heads).unwrap_or(0);
-    let taken = group > 0
-        && head_dim.is_multiple_of(4)
-        && head_dim <= SPLIT_MAX_HEAD_DIM
-        && capacity <= i32::MAX as usize;
-    let Some(g) = SPLIT_GROUPS.into_iter().find(|&g| taken && group <= g) else {
+    let Some(kernel) = split_kernel(heads, kv_heads, head_dim, capacity) else {
         return attention(
             gpu, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim, capacity,
             keep, block,
         );
     };
-    let kernel = if g == group {
-        format!("attention_split_g{g}_f32")
-    } else {
-        format!("attention_split_upto{g}_f32")
-    };
     append_kv(
         gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
+    let dims = AttendDims {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        capacity,
+        keep,
+        block,
+    };
+    attend_split(gpu, &kernel, q, None, sel, k_cache, v_cache, &dims)
+}
+
+/// The `attention_split_*` kernel that takes this shape (head_dim a multiple of 4 up to 256, up
+/// to 16 query heads per kv head), if one does.
+fn split_kernel(heads: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Option<String> {
+    let group = heads.checked_div(kv_heads).unwrap_or(0);
+    let taken = group > 0
+        && head_dim.is_multiple_of(4)
+        && head_dim <= SPLIT_MAX_HEAD_DIM
+        && capacity <= i32::MAX as usize;
+    let g = SPLIT_GROUPS.into_iter().find(|&g| taken && group <= g)?;
+    Some(if g == group {
+        format!("attention_split_g{g}_f32")
+    } else {
+        format!("attention_split_upto{g}_f32")
+    })
+}
+
+/// The split kernel `kernel` (from [`split_kernel`]) and the combine over caches that already
+/// hold the step's rows (shapes checked by the caller); with `gate` (the fused q projection qg),
+/// `attention_split_combine_gated_f32`: each output times sigmoid of its gate.
+#[allow(clippy::too_many_arguments)]
+fn attend_split(
+    gpu: &Gpu,
+    kernel: &str,
+    q: &CudaSlice<f32>,
+    gate: Option<&CudaSlice<f32>>,
+    sel: &CudaSlice<i32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    d: &AttendDims,
+) -> Result<Buf<f32>, CudaError> {
+    let AttendDims {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        capacity,
+        keep,
+        block,
+    } = *d;
+    let group = heads / kv_heads;
     let splits = split_count(gpu.multiprocessors, rows, kv_heads, capacity, keep, block);
     let partials = rows * heads * splits;
-    let mut part_acc = gpu.scratch::<f32>(partials * head_dim, &kernel)?;
-    let mut part_ml = gpu.scratch::<f32>(partials * 2, &kernel)?;
+    let mut part_acc = gpu.scratch::<f32>(partials * head_dim, kernel)?;
+    let mut part_ml = gpu.scratch::<f32>(partials * 2, kernel)?;
     let (r64, h32, kv32, hd32, block32, keep32, cap64, splits32) = (
         rows as i64,
         heads as i32,
@@ -764,7 +855,7 @@ pub fn attention_split(
         splits as i32,
     );
 
-    let f = gpu.function(FILE, &kernel)?;
+    let f = gpu.function(FILE, kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (
             (rows * kv_heads * splits).min(i32::MAX as usize) as u32,
@@ -778,8 +869,8 @@ pub fn attention_split(
     b.arg(&mut *part_acc)
         .arg(&mut *part_ml)
         .arg(q)
-        .arg(&*k_cache)
-        .arg(&*v_cache)
+        .arg(k_cache)
+        .arg(v_cache)
         .arg(sel)
         .arg(&r64)
         .arg(&h32)
@@ -790,14 +881,18 @@ pub fn attention_split(
         .arg(&cap64)
         .arg(&splits32);
     // SAFETY: q holds rows*heads*head_dim floats, sel rows*(2+keep) ints, the caches capacity
-    // rows of kv_heads*head_dim (all checked by append_kv), part_acc rows*heads*splits*head_dim
+    // rows of kv_heads*head_dim (all checked by the callers), part_acc rows*heads*splits*head_dim
     // floats and part_ml rows*heads*splits pairs; the kernel reads only cache rows below the
     // capacity; head_dim is a multiple of 4 (16-byte accesses of whole allocations) up to
-    // 4*SPLIT_MAX_QUADS, the group at most g; the dynamic shared memory is group rows of
-    // SPLIT_MAX_QUADS float4 (16 KiB at most).
-    launched(&kernel, unsafe { b.launch(cfg) })?;
+    // 4*SPLIT_MAX_QUADS, the group at most g (split_kernel); the dynamic shared memory is group
+    // rows of SPLIT_MAX_QUADS float4 (16 KiB at most).
+    launched(kernel, unsafe { b.launch(cfg) })?;
 
-    let combine = "attention_split_combine_f32";
+    let combine = if gate.is_some() {
+        "attention_split_combine_gated_f32"
+    } else {
+        "attention_split_combine_f32"
+    };
     let f = gpu.function(FILE, combine)?;
     let mut y = gpu.output::<f32>(q.len(), combine)?;
     let cfg = LaunchConfig {
@@ -806,19 +901,240 @@ pub fn attention_split(
         shared_mem_bytes: (splits * 4) as u32,
     };
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y)
-        .arg(&*part_acc)
-        .arg(&*part_ml)
-        .arg(&r64)
-        .arg(&h32)
-        .arg(&hd32)
-        .arg(&splits32);
+    b.arg(&mut *y).arg(&*part_acc).arg(&*part_ml);
+    if let Some(qg) = gate {
+        b.arg(qg);
+    }
+    b.arg(&r64).arg(&h32).arg(&hd32).arg(&splits32);
     // SAFETY: y holds rows*heads*head_dim floats, part_acc and part_ml the partial states of
-    // rows*heads*splits (written by the launch above, in stream order); head_dim is a multiple
-    // of 4 up to 4*SPLIT_MAX_QUADS (16-byte accesses); the dynamic shared memory is splits
-    // floats.
+    // rows*heads*splits (written by the launch above, in stream order), a gate's qg
+    // rows*heads*2*head_dim floats (checked by the callers); head_dim is a multiple of 4 up to
+    // 4*SPLIT_MAX_QUADS (16-byte accesses); the dynamic shared memory is splits floats.
     launched(combine, unsafe { b.launch(cfg) })?;
     Ok(y)
+}
+
+/// `GatedAttention`'s dimensions (the op's).
+#[derive(Clone, Copy, Debug)]
+pub struct GatedAttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub block: usize,
+}
+
+/// `GatedAttention`'s inputs on the device: the fused q projection `qg [rows, heads*2*head_dim]`
+/// (per head: q then gate), `k_raw`, `v [rows, kv_heads*head_dim]`, the selection `sel i32
+/// [rows, 2 + keep]` (from [`indexer_select`]) and the norm weights `q_norm` (`[head_dim]` or
+/// `[heads*head_dim]`) and `k_norm` (`[head_dim]` or `[kv_heads*head_dim]`).
+pub struct GatedAttentionInputs<'a> {
+    pub qg: &'a CudaSlice<f32>,
+    pub k_raw: &'a CudaSlice<f32>,
+    pub v: &'a CudaSlice<f32>,
+    pub sel: &'a CudaSlice<i32>,
+    pub q_norm: &'a CudaSlice<f32>,
+    pub k_norm: &'a CudaSlice<f32>,
+}
+
+/// `GatedAttention` (as `exec::cpu`: `SplitQGate`, `NormRope` of q and of k, `Attention`,
+/// `SigmoidMul` by the gate), in two launches: `gated_attention_prepare_f32` (q and k
+/// normalised and rotated at positions `[start, start+rows)` as [`norm_rope`], k and v appended
+/// to rows `[start, start+rows)` of `k_cache`, `v_cache [capacity, kv_heads*head_dim]`, q to
+/// scratch), then `attention_reference_gated_f32` ([`attention`]'s kernel with the gate as its
+/// epilogue, the gate read from qg). The same bits as the unfused ops' kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_attention(
+    gpu: &Gpu,
+    x: &GatedAttentionInputs,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    s: &GatedAttentionShape,
+    capacity: usize,
+    keep: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "attention_reference_gated_f32";
+    reference_fits(kernel, s.head_dim)?;
+    let q = gated_prepare(
+        gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+    )?;
+    let dims = s.attend_dims(rows, capacity, keep);
+    attend_reference(gpu, kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
+}
+
+/// [`gated_attention`] with [`attention_split`]'s kernels (the same result within f32 rounding;
+/// the same bits as the unfused ops with `attention_split`), in three launches:
+/// `gated_attention_prepare_f32`, `attention_split_*` over the prepared q, and
+/// `attention_split_combine_gated_f32` (the gate as the combine's epilogue). Shapes the split
+/// kernels do not take are attended by [`gated_attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn gated_attention_split(
+    gpu: &Gpu,
+    x: &GatedAttentionInputs,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    s: &GatedAttentionShape,
+    capacity: usize,
+    keep: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<f32>, CudaError> {
+    let Some(kernel) = split_kernel(s.heads, s.kv_heads, s.head_dim, capacity) else {
+        return gated_attention(
+            gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+        );
+    };
+    let q = gated_prepare(
+        gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+    )?;
+    let dims = s.attend_dims(rows, capacity, keep);
+    attend_split(gpu, &kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
+}
+
+impl GatedAttentionShape {
+    fn attend_dims(&self, rows: usize, capacity: usize, keep: usize) -> AttendDims {
+        AttendDims {
+            rows,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            capacity,
+            keep,
+            block: self.block,
+        }
+    }
+}
+
+/// `gated_attention_prepare_f32` after the shape checks of every `GatedAttention` launch (errors
+/// name that kernel): returns the normalised, rotated q `[rows, heads*head_dim]` (scratch), the
+/// step's k (normalised, rotated) and v appended to the caches.
+#[allow(clippy::too_many_arguments)]
+fn gated_prepare(
+    gpu: &Gpu,
+    x: &GatedAttentionInputs,
+    k_cache: &mut CudaSlice<f32>,
+    v_cache: &mut CudaSlice<f32>,
+    rows: usize,
+    step: &CudaSlice<i64>,
+    s: &GatedAttentionShape,
+    capacity: usize,
+    keep: usize,
+    eps: f32,
+    theta: f64,
+) -> Result<Buf<f32>, CudaError> {
+    let kernel = "gated_attention_prepare_f32";
+    let GatedAttentionShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        rotary_dim,
+        block,
+    } = *s;
+    one_step(kernel, step)?;
+    rope_dims(kernel, hd, rotary_dim)?;
+    shape(
+        kernel,
+        rows > 0
+            && hd <= NORM_ROPE_MAX_DIM
+            && kv_heads > 0
+            && heads.is_multiple_of(kv_heads)
+            && block > 0,
+        || {
+            format!(
+                "rows {rows}, heads {heads}/{kv_heads}, head_dim {hd} (at most \
+                 {NORM_ROPE_MAX_DIM}), block {block}"
+            )
+        },
+    )?;
+    let (qw, kw) = (heads * hd, kv_heads * hd);
+    shape(
+        kernel,
+        x.qg.len() == rows * 2 * qw
+            && x.k_raw.len() == rows * kw
+            && x.v.len() == rows * kw
+            && x.sel.len() == rows * (2 + keep),
+        || {
+            format!(
+                "qg {} values, k {}, v {}, selection {} for {rows} rows of {heads}/{kv_heads} \
+                 heads of {hd}, keep {keep}",
+                x.qg.len(),
+                x.k_raw.len(),
+                x.v.len(),
+                x.sel.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        (x.q_norm.len() == hd || x.q_norm.len() == qw)
+            && (x.k_norm.len() == hd || x.k_norm.len() == kw),
+        || {
+            format!(
+                "norm weights of {} (q) and {} (k) values, want {hd} or the row's width \
+                 ({qw}, {kw})",
+                x.q_norm.len(),
+                x.k_norm.len()
+            )
+        },
+    )?;
+    shape(
+        kernel,
+        k_cache.len() == capacity * kw && v_cache.len() == capacity * kw,
+        || {
+            format!(
+                "caches {} and {} values, want {capacity}x{kw}",
+                k_cache.len(),
+                v_cache.len()
+            )
+        },
+    )?;
+    let f = gpu.function(FILE, kernel)?;
+    let mut q = gpu.scratch::<f32>(rows * qw, kernel)?;
+    let (r64, h32, kv32, hd32, rot32, qwl, kwl, cap64) = (
+        rows as i64,
+        heads as i32,
+        kv_heads as i32,
+        hd as i32,
+        rotary_dim as i32,
+        x.q_norm.len() as i64,
+        x.k_norm.len() as i64,
+        capacity as i64,
+    );
+    let mut b = gpu.launch_builder(&f);
+    b.arg(&mut *q)
+        .arg(&mut *k_cache)
+        .arg(&mut *v_cache)
+        .arg(x.qg)
+        .arg(x.k_raw)
+        .arg(x.v)
+        .arg(x.q_norm)
+        .arg(x.k_norm)
+        .arg(step)
+        .arg(&r64)
+        .arg(&h32)
+        .arg(&kv32)
+        .arg(&hd32)
+        .arg(&rot32)
+        .arg(&qwl)
+        .arg(&kwl)
+        .arg(&eps)
+        .arg(&theta)
+        .arg(&cap64);
+    // SAFETY: q holds rows*heads*hd floats, qg rows*heads*2*hd, k_raw and v rows*kv_heads*hd,
+    // the norm weights hd or the row's width (the kernel indexes them by that length), the
+    // caches capacity rows of kv_heads*hd (all checked above); the kernel writes only cache rows
+    // below the capacity; a block stages one head of at most NORM_ROPE_MAX_DIM channels, and
+    // each rotated channel's partner lies in the same head.
+    launched(kernel, unsafe {
+        b.launch(norm_rope_launch(rows * (heads + kv_heads), hd))
+    })?;
+    Ok(q)
 }
 
 #[cfg(test)]
