@@ -1168,12 +1168,19 @@ fn launch_node<'v>(
                 unreachable!("the fused node carries the conv's and the recurrence's states")
             };
             let (window, st) = (f32_state(window), f32_state(st));
-            // The convolution, then the normed recurrence (one kernel of both comes next).
-            let x = gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)?;
-            let y = normed_recurrence(
-                gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim, sigmoid,
-                eps,
-            )?;
+            let y = if gdn::conv_normed_recurrence_fits(gpu, &shape, *kernel, rows) {
+                gdn::gdn_conv_normed_recurrence(
+                    gpu, qkv, conv_w, window, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape,
+                    *kernel, sigmoid, eps,
+                )?
+            } else {
+                // The convolution, then the normed recurrence, as the unfused nodes.
+                let x = gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)?;
+                normed_recurrence(
+                    gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
+                    sigmoid, eps,
+                )?
+            };
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::GatedRmsNorm { head_dim } => {
