@@ -83,6 +83,26 @@ __device__ __forceinline__ void conv_load_own_state(float* win, float* wc, const
     }
 }
 
+// One row of one channel, dilation 1: Σ_j wc[j] · ext[j] over the kernel's taps in order, ext = the
+// channel's kernel - 1 window rows (oldest first), then the row's input xc (the sums of
+// causal_conv_reference_f32, in the same order). The fused recurrence (gdn_conv_normed_recurrence_f32)
+// takes the same, so that it gives causal_conv_step_f32's bits.
+__device__ __forceinline__ float conv_row_sum(const float* win, const float* wc, float xc, int kernel) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_TAPS; j++)
+        if (j < kernel) acc += wc[j] * (j < kernel - 1 ? win[j] : xc);
+    return acc;
+}
+
+// The channel's window past a row of input xc: each row moves up one, xc comes in last (ascending
+// p: win[p + 1] is read before it is overwritten; the indices are constants once unrolled).
+__device__ __forceinline__ void conv_shift(float* win, float xc, int kernel) {
+#pragma unroll
+    for (int p = 0; p < CONV_MAX_TAPS - 1; p++)
+        if (p < kernel - 1) win[p] = p + 1 < kernel - 1 ? win[p + 1] : xc;
+}
+
 // A few rows (decode): the convolution and the window's shift in one kernel, a thread per channel
 // over the rows in order (the same sums as causal_conv_reference_f32); the thread reads its
 // channel's old window rows before it overwrites them, and no other thread touches the channel.
@@ -98,10 +118,7 @@ extern "C" __global__ void causal_conv_step_f32(float* y, float* window, const f
     wait_for_producers();
     if (early) {
         const float xc = x[c0];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_TAPS; j++)
-            if (j < kernel) acc += wc[j] * (j < kernel - 1 ? win[j] : xc);
+        const float acc = conv_row_sum(win, wc, xc, kernel);
         y[c0] = silu ? silu_f32(acc) : acc;
 #pragma unroll
         for (int p = 0; p < CONV_MAX_TAPS; p++)
@@ -581,38 +598,46 @@ extern "C" __global__ void __launch_bounds__(GDNW_WARPS * 32)
 #define GDNN_MAX_THREADS (GDNN_MAX_DV / (2 * 32 / GDNN_GROUPS) * 32)
 #define GDNN_T 8
 
-extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
-    gdn_normed_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
-                              const float* a_log, const float* dt_bias, const float* z, const float* norm_w, int rows,
-                              int key_heads, int value_heads, int dk, int dv, int use_sigmoid, float eps) {
-    using L = GdnLanes<GDNN_GROUPS>;
+using GdnnLanes = GdnLanes<GDNN_GROUPS>;
+
+// The lane's first state row and its column pair's first column.
+__device__ __forceinline__ int gdnn_row0(int lane) { return (lane % GDNN_GROUPS) * GdnnLanes::ROWS; }
+__device__ __forceinline__ int gdnn_col0(int lane, int warp) {
+    return warp * GdnnLanes::COLS + (lane / GDNN_GROUPS) * 2;
+}
+
+// Where the normed recurrence reads a token's q and k (key head kh) and v (value head h): token
+// t's row at base + t · stride, q, k and v at those offsets in it. The conv output in global
+// memory (gdn_normed_recurrence_f32), or the block's own convolution in shared memory
+// (gdn_conv_normed_recurrence_f32).
+struct GdnHeadRows {
+    const float* base;
+    long stride;
+    long q, k, v;
+    __device__ __forceinline__ const float* row(int t) const { return base + (long)t * stride; }
+};
+
+// The normed recurrence's tokens (the steps above) over the lane's state s0, s1 (rows from
+// gdnn_row0, columns from gdnn_col0), which the kernel loads before and stores after.
+__device__ __forceinline__ void gdn_normed_tokens(float* s0, float* s1, float* out, const GdnHeadRows src,
+                                                  const GdnRawGates gates, const float* z, const float* norm_w,
+                                                  int rows, int value_heads, int dk, int dv, int use_sigmoid,
+                                                  float eps) {
+    using L = GdnnLanes;
     __shared__ __align__(16) float qn[GDNN_T][L::STRIDE];
     __shared__ __align__(16) float kn[GDNN_T][L::STRIDE];
     __shared__ float vs[GDNN_T][GDNN_MAX_DV];
     __shared__ float os[GDNN_T][GDNN_MAX_DV];
     __shared__ float beta_s[GDNN_T], decay_s[GDNN_T];
 
-    const GdnRawGates gates{b_in, a_in, a_log, dt_bias, value_heads};
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int h = blockIdx.x;
-    const int kh = h / (value_heads / key_heads);
-    const int r0 = (lane % GDNN_GROUPS) * L::ROWS;
+    const int r0 = gdnn_row0(lane);
     const bool high = (lane & (GDNN_GROUPS / 2)) != 0;  // which column of the pair this lane reduces and stores
-    const int j = warp * L::COLS + (lane / GDNN_GROUPS) * 2;  // the pair's first column
-    const int jm = j + (high ? 1 : 0);                        // the column this lane reduces
+    const int jm = gdnn_col0(lane, warp) + (high ? 1 : 0);  // the column this lane reduces
     const bool mine = jm < dv;
-    const long key_dim = (long)key_heads * dk;
-    const long width = 2 * key_dim + (long)value_heads * dv;
     const long out_width = (long)value_heads * dv;
     const float scale = 1.0f / sqrtf((float)dk);
-    const long head_state = (long)h * dk * dv;
-
-    // Before the wait, so that its loads overlap the kernel ahead: only this node writes the
-    // state, in earlier steps (kernels/common.cuh, src/exec/cuda/kernels.rs's test).
-    float s0[L::ROWS], s1[L::ROWS];
-    L::load_own_state(s0, s1, state + head_state, r0, j, dk, dv);
-    wait_for_producers();
-    float* S = state + head_state;
 
     for (int t0 = 0; t0 < rows; t0 += GDNN_T) {
         const int n = min(GDNN_T, rows - t0);
@@ -622,12 +647,12 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
         for (int e = warp; e < 2 * n; e += warps) {
             const int tok = e >> 1;
             const bool is_k = (e & 1) != 0;
-            const float* src = qkv + (long)(t0 + tok) * width + (is_k ? key_dim : 0) + (long)kh * dk;
-            L::stage_normalised(is_k ? kn[tok] : qn[tok], src, dk, is_k ? 1.0f : scale, lane);
+            const float* qk = src.row(t0 + tok) + (is_k ? src.k : src.q);
+            L::stage_normalised(is_k ? kn[tok] : qn[tok], qk, dk, is_k ? 1.0f : scale, lane);
         }
         for (int e = tid; e < n * dv; e += blockDim.x) {
             const int tok = e / dv, c = e - tok * dv;
-            vs[tok][c] = qkv[(long)(t0 + tok) * width + 2 * key_dim + (long)h * dv + c];
+            vs[tok][c] = src.row(t0 + tok)[src.v + c];
         }
         if (tid < n) {
             float b, gt;
@@ -665,5 +690,124 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
             }
         }
     }
-    L::store_state(s0, s1, S, r0, j, dk, dv);
+}
+
+extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
+    gdn_normed_recurrence_f32(float* out, float* state, const float* qkv, const float* b_in, const float* a_in,
+                              const float* a_log, const float* dt_bias, const float* z, const float* norm_w, int rows,
+                              int key_heads, int value_heads, int dk, int dv, int use_sigmoid, float eps) {
+    using L = GdnnLanes;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x;
+    const int kh = h / (value_heads / key_heads);
+    const int r0 = gdnn_row0(lane), j = gdnn_col0(lane, warp);
+    const long key_dim = (long)key_heads * dk;
+    const long head_state = (long)h * dk * dv;
+
+    // Before the wait, so that its loads overlap the kernel ahead: only this node writes the
+    // state, in earlier steps (kernels/common.cuh, src/exec/cuda/kernels.rs's test).
+    float s0[L::ROWS], s1[L::ROWS];
+    L::load_own_state(s0, s1, state + head_state, r0, j, dk, dv);
+    wait_for_producers();
+    const GdnHeadRows src{qkv, 2 * key_dim + (long)value_heads * dv, (long)kh * dk, key_dim + (long)kh * dk,
+                          2 * key_dim + (long)h * dv};
+    gdn_normed_tokens(s0, s1, out, src, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, z, norm_w, rows,
+                      value_heads, dk, dv, use_sigmoid, eps);
+    L::store_state(s0, s1, state + head_state, r0, j, dk, dv);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GDN's causal convolution (dilation 1, SiLU: qkv_conv) folded into the normed recurrence
+// (`Op::GdnConvNormedRecurrence`, steps of up to GDNN_T rows): causal_conv_step_f32's launch is
+// gone. Block h (value head h of key head kh = h / G, G = Vh / Kh) convolves the channels it
+// reads from the raw projection qkv: q and k of key head kh (2·dk channels, the same in the G
+// blocks of kh) and its own v (dv channels); a thread per channel, over the rows in order, with
+// the channel's window and taps in registers (conv_row_sum, conv_shift: causal_conv_step_f32's
+// sums in its order, so its bits), the SiLU'd outputs into shared memory (cx), where
+// gdn_normed_tokens reads them. The thread's first channel's window and taps are loaded before
+// the wait (only this node writes the window, in earlier steps); other channels after it.
+//
+// Each channel's window is written once, after every read of it. A v channel's by its block
+// (the only one that reads it), once convolved. Key head kh's q and k channels are read by its
+// G blocks, so only the first (h % G == 0) writes them, and only once all G have read them: the
+// G blocks are one cluster (the launcher's cluster dimension G), every thread arrives at the
+// cluster barrier past its reads of the window, and the first block writes past its wait
+// (without it nothing orders one block's reads before another's writes: a grid's blocks run in
+// no set order, some perhaps only after others have finished). Until then the next rows of q and
+// k stay in shared memory (qk_next). The barrier needs sm_90 where G > 1 (the launcher checks);
+// G = 1 launches no cluster and skips it (the condition is the same in the whole grid).
+#define GDNC_CHANNELS (2 * GDNW_MAX_DK + GDNN_MAX_DV)
+
+// Channel e of block h as a column of qkv: q (e < dk), then k (e < 2·dk) of key head kh, then v
+// of value head h.
+__device__ __forceinline__ long gdnc_column(int e, int dk, int dv, int kh, int h, long key_dim) {
+    return e < dk       ? (long)kh * dk + e
+           : e < 2 * dk ? key_dim + (long)kh * dk + (e - dk)
+                        : 2 * key_dim + (long)h * dv + (e - 2 * dk);
+}
+
+extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
+    gdn_conv_normed_recurrence_f32(float* out, float* window, float* state, const float* qkv, const float* conv_w,
+                                   const float* b_in, const float* a_in, const float* a_log, const float* dt_bias,
+                                   const float* z, const float* norm_w, int rows, int key_heads, int value_heads,
+                                   int dk, int dv, int kernel, int use_sigmoid, float eps) {
+    using L = GdnnLanes;
+    __shared__ float cx[GDNN_T][GDNC_CHANNELS];
+    __shared__ float qk_next[CONV_MAX_TAPS - 1][2 * GDNW_MAX_DK];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.x;
+    const int group = value_heads / key_heads;
+    const int kh = h / group;
+    const bool writes_qk = h % group == 0;  // the cluster's first block
+    const int r0 = gdnn_row0(lane), j = gdnn_col0(lane, warp);
+    const long key_dim = (long)key_heads * dk;
+    const long width = 2 * key_dim + (long)value_heads * dv;
+    const long head_state = (long)h * dk * dv;
+    const int channels = 2 * dk + dv;
+    const long c0 = gdnc_column(tid, dk, dv, kh, h, key_dim);
+
+    // Before the wait: the recurrence's state, the first channel's window and taps.
+    float s0[L::ROWS], s1[L::ROWS];
+    L::load_own_state(s0, s1, state + head_state, r0, j, dk, dv);
+    float win[CONV_MAX_TAPS], wc[CONV_MAX_TAPS];
+    conv_load_own_state(win, wc, window, conv_w, c0, width, kernel, tid < channels);
+    wait_for_producers();
+
+    for (int e = tid; e < channels; e += blockDim.x) {
+        const long c = gdnc_column(e, dk, dv, kh, h, key_dim);
+        if (e != tid) conv_load_own_state(win, wc, window, conv_w, c, width, kernel, true);
+        for (int t = 0; t < rows; t++) {
+            const float xc = qkv[(long)t * width + c];
+            cx[t][e] = silu_f32(conv_row_sum(win, wc, xc, kernel));
+            conv_shift(win, xc, kernel);
+        }
+        // win: the channel's window after the step.
+#pragma unroll
+        for (int p = 0; p < CONV_MAX_TAPS - 1; p++) {
+            if (p < kernel - 1) {
+                if (e >= 2 * dk)
+                    window[p * width + c] = win[p];
+                else if (writes_qk)
+                    qk_next[p][e] = win[p];
+            }
+        }
+    }
+    // This thread has read all it reads of the window. (A key head of one value head: no
+    // cluster, nothing shared.)
+    if (group > 1) cluster_arrive();
+
+    const GdnHeadRows src{&cx[0][0], GDNC_CHANNELS, 0, dk, 2 * dk};
+    gdn_normed_tokens(s0, s1, out, src, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, z, norm_w, rows,
+                      value_heads, dk, dv, use_sigmoid, eps);
+    L::store_state(s0, s1, state + head_state, r0, j, dk, dv);
+
+    // Every block of key head kh has read its q and k windows: the first writes their next rows
+    // (each thread the channels it convolved, so its own writes to qk_next).
+    if (group > 1) cluster_wait();
+    if (writes_qk) {
+        for (int e = tid; e < 2 * dk; e += blockDim.x) {
+            const long c = gdnc_column(e, dk, dv, kh, h, key_dim);
+            for (int p = 0; p < kernel - 1; p++) window[p * width + c] = qk_next[p][e];
+        }
+    }
 }

@@ -17,7 +17,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 kinds=("$@")
 if [ ${#kinds[@]} -eq 0 ]; then
-    kinds=(hc_read linear_group causal_conv gdn_normed_recurrence linear_hc_write moe_router moe_experts
+    kinds=(hc_read linear_group gdn_conv_normed_recurrence linear_hc_write moe_router moe_experts
         swiglu_linear moe_shared_write norm_rope indexer_select attention sigmoid_mul)
 fi
 common=(--layers 8 --contexts 1024 --decode-steps 64 --prefills 16 --chunk 16)

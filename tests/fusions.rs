@@ -230,6 +230,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
             "gated_attention",
+            "gdn_conv_normed_recurrence",
         ] {
             assert!(
                 counts[name] > 0,
@@ -244,6 +245,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
         "hc_mix",
         "linear_hc_write",
         "gdn_normed_recurrence",
+        "gdn_conv_normed_recurrence",
     ] {
         assert!(cpu_long[name] > 0, "CPU prefill 64: `{name}` did not fire");
     }
@@ -251,13 +253,16 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     assert!(
         cuda_8["linear_hc_write"] > 0
             && cuda_8["hc_mix"] > 0
-            && cuda_8["gdn_normed_recurrence"] > 0,
+            && cuda_8["gdn_normed_recurrence"] > 0
+            && cuda_8["gdn_conv_normed_recurrence"] > 0,
         "{cuda_8:?}"
     );
     let cuda_9 = fired(Cuda, Phase::Prefill, 9);
     assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
     // A block per value head: from 9 tokens the staged scan and the norm run apart.
     assert_eq!(cuda_9["gdn_normed_recurrence"], 0, "{cuda_9:?}");
+    // Nor the convolution folded into it (its kernel holds up to 8 rows of the conv).
+    assert_eq!(cuda_9["gdn_conv_normed_recurrence"], 0, "{cuda_9:?}");
     assert!(cuda_9["hc_mix"] > 0, "{cuda_9:?}");
     let cuda_64 = fired(Cuda, Phase::Prefill, 64);
     for name in [
@@ -265,6 +270,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
         "hc_mix",
         "linear_hc_write",
         "gdn_normed_recurrence",
+        "gdn_conv_normed_recurrence",
     ] {
         assert_eq!(
             cuda_64[name], 0,
@@ -339,7 +345,8 @@ fn gated_attention_takes_the_qsa_chain_with_its_caches() {
 /// A pattern argument `id.N` binds only output N of that pattern node: GDN's recurrence reads
 /// the gates' `beta` (output 0) then `g` (output 1), so the pattern with the two swapped matches
 /// nothing, and the stateful recurrence it fuses keeps its state (as does the normed recurrence
-/// that the next fusion makes of it, when that one applies too).
+/// that the next fusion makes of it, when that one applies too, and the node that folds the
+/// convolution into that one carries both states: the conv's window, then the recurrence's).
 #[test]
 fn a_pattern_output_index_binds_only_that_output() {
     let plan =
@@ -347,12 +354,28 @@ fn a_pattern_output_index_binds_only_that_output() {
     let mut opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
     let mut graphs = GraphSet::embedded().unwrap();
     let every = lower(&plan, &graphs, &opts).unwrap();
-    let normed: Vec<_> = every
-        .program
-        .nodes
-        .iter()
-        .filter(|n| n.fused.as_deref() == Some("gdn_normed_recurrence"))
-        .collect();
+    let fused_nodes = |p: &Program, fusion: &str| -> Vec<graphrun::ir::Node> {
+        p.nodes
+            .iter()
+            .filter(|n| n.fused.as_deref() == Some(fusion))
+            .cloned()
+            .collect()
+    };
+    let conv_normed = fused_nodes(&every.program, "gdn_conv_normed_recurrence");
+    assert!(!conv_normed.is_empty());
+    assert!(
+        conv_normed.iter().all(|n| n.states.len() == 2
+            && n.states[0].ends_with(".conv")
+            && n.states[1].ends_with(".ssm")),
+        "{conv_normed:?}"
+    );
+    // Without the convolution's fusion, the normed recurrence keeps the recurrence's state alone.
+    opts.fusions = Some(vec![
+        "gdn_gated_recurrence".into(),
+        "gdn_normed_recurrence".into(),
+    ]);
+    let normed = lower(&plan, &graphs, &opts).unwrap().program;
+    let normed = fused_nodes(&normed, "gdn_normed_recurrence");
     assert!(!normed.is_empty());
     assert!(normed.iter().all(|n| n.states.len() == 1), "{normed:?}");
     // Without the normed recurrence's fusion, the gated recurrence's nodes stay in the program.

@@ -1,5 +1,5 @@
 //! The Gated DeltaNet kernels (`kernels/gdn.cu`: causal convolution with its window, gates,
-//! recurrence) against the CPU reference (`ops::conv::causal_conv`, `ops::gdn`) on fresh random
+//! recurrence, and the fused forms) against the CPU reference (`ops::conv::causal_conv`, `ops::gdn`) on fresh random
 //! inputs, at tiny shapes, odd shapes (partial warps and column groups) and the real Qwen4Exp
 //! shapes, with windows and states carried across calls.
 //!
@@ -480,6 +480,163 @@ fn gdn_normed_recurrence_matches_the_cpu_composition() {
     println!("{} gdn_normed_recurrence checks passed", report.0.len());
 }
 
+/// The convolution folded into the normed recurrence (`gdn_conv_normed_recurrence_f32`: a block
+/// a value head convolving the q and k channels of its key head and its own v channels, the
+/// value heads of a key head one cluster) over consecutive steps from a random window and state,
+/// both carried on every side: against the CPU's composition (`ops::gdn::conv_normed_recurrence`:
+/// `conv::causal_conv`, then `normed_recurrence`), the output and both states; and bit for bit
+/// against the unfused kernels (`causal_conv`, then `gdn_normed_recurrence`) on the same inputs.
+#[test]
+fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0xc0f5);
+    let mut report = Report(Vec::new());
+    let eps = 1e-6f32;
+    let shape = |key_heads, value_heads, key_dim, value_dim| GdnShape {
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+    };
+    // (shape, the conv's taps)
+    let cases = [
+        // real: 16 key heads of 3 value heads (clusters of 3), 384 channels a block of 512 threads
+        (shape(16, 48, 128, 128), 4),
+        // tiny: clusters of 2
+        (shape(2, 4, 8, 8), 4),
+        // odd: 2*37 + 24 = 98 channels for 96 threads (two take a second channel), 3 taps
+        (shape(2, 4, 37, 24), 3),
+        // ragged: dv 13 (a partial warp's last pair has one column), one key head of 3 value heads
+        (shape(1, 3, 8, 13), 4),
+        // a value head a key head: no cluster; 2 taps
+        (shape(3, 3, 16, 16), 2),
+    ];
+    for (s, kernel) in cases {
+        let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
+        let name = format!("Kh{kh} Vh{vh} dk{dk} dv{dv} K{kernel}");
+        assert!(
+            gdn::conv_normed_recurrence_fits(&gpu, &s, kernel, 8),
+            "{name}"
+        );
+        let width = 2 * kh * dk + vh * dv;
+        let up = |v: &[f32]| gpu.upload(v, "conv normed recurrence input").unwrap();
+        let conv_w = random_scaled(&mut rng, width * kernel, 1.0);
+        let norm_w = random_scaled(&mut rng, dv, 1.0);
+        let a_log = random_scaled(&mut rng, vh, 1.0);
+        let dt_bias = random_scaled(&mut rng, vh, 1.0);
+        let (dconv, dnorm, dalog, ddt) = (up(&conv_w), up(&norm_w), up(&a_log), up(&dt_bias));
+        for act in [GateActivation::Sigmoid, GateActivation::Silu] {
+            let sigmoid = act == GateActivation::Sigmoid;
+            let window0 = random_scaled(&mut rng, (kernel - 1) * width, 1.0);
+            let state0 = random_scaled(&mut rng, vh * dk * dv, 1.0);
+            let (mut cpu_window, mut cpu_state) = (window0.clone(), state0.clone());
+            let (mut window, mut state) = (up(&window0), up(&state0));
+            let (mut unfused_window, mut unfused_state) = (up(&window0), up(&state0));
+            // Four decode steps in a row, then 3 rows and 8 (the kernel's most).
+            for (step, rows) in [1usize, 1, 1, 1, 3, 8].into_iter().enumerate() {
+                let qkv = random_scaled(&mut rng, rows * width, 1.0);
+                let b = random_scaled(&mut rng, rows * vh, 2.0);
+                let a = random_scaled(&mut rng, rows * vh, 1.0);
+                let z = random_scaled(&mut rng, rows * vh * dv, 3.0);
+                let want = cpu_gdn::conv_normed_recurrence(
+                    &qkv,
+                    &conv_w,
+                    &mut cpu_window,
+                    kernel,
+                    &b,
+                    &a,
+                    &a_log,
+                    &dt_bias,
+                    &z,
+                    &norm_w,
+                    &mut cpu_state,
+                    rows,
+                    &s,
+                    act,
+                    eps,
+                );
+                let (dq, db, da, dz) = (up(&qkv), up(&b), up(&a), up(&z));
+                let y = gdn::gdn_conv_normed_recurrence(
+                    &gpu,
+                    &dq,
+                    &dconv,
+                    &mut window,
+                    &db,
+                    &da,
+                    &dalog,
+                    &ddt,
+                    &dz,
+                    &dnorm,
+                    &mut state,
+                    rows,
+                    &s,
+                    kernel,
+                    sigmoid,
+                    eps,
+                )
+                .unwrap();
+                let x = gdn::causal_conv(
+                    &gpu,
+                    &dq,
+                    &mut unfused_window,
+                    &dconv,
+                    rows,
+                    kernel,
+                    1,
+                    true,
+                )
+                .unwrap();
+                let unfused = gdn::gdn_normed_recurrence(
+                    &gpu,
+                    &x,
+                    &db,
+                    &da,
+                    &dalog,
+                    &ddt,
+                    &dz,
+                    &dnorm,
+                    &mut unfused_state,
+                    rows,
+                    &s,
+                    sigmoid,
+                    eps,
+                )
+                .unwrap();
+                let sh = format!("step {step} T{rows} {name} {act:?}");
+                let (y, got_window, got_state) =
+                    (down(&gpu, &y), down(&gpu, &window), down(&gpu, &state));
+                report.check("gdn_conv_normed_recurrence y", &sh, &y, &want);
+                // The window holds inputs: copies, the CPU's bits.
+                report.same(
+                    "gdn_conv_normed_recurrence window",
+                    &sh,
+                    &got_window,
+                    &cpu_window,
+                );
+                report.check("gdn_conv_normed_recurrence S", &sh, &got_state, &cpu_state);
+                report.same("conv_normed y == unfused", &sh, &y, &down(&gpu, &unfused));
+                report.same(
+                    "conv_normed window == unfused",
+                    &sh,
+                    &got_window,
+                    &down(&gpu, &unfused_window),
+                );
+                report.same(
+                    "conv_normed S == unfused",
+                    &sh,
+                    &got_state,
+                    &down(&gpu, &unfused_state),
+                );
+            }
+        }
+    }
+    gpu.sync("the gdn_conv_normed_recurrence checks").unwrap();
+    println!(
+        "{} gdn_conv_normed_recurrence checks passed",
+        report.0.len()
+    );
+}
+
 /// Bad shapes are errors naming the kernel, not launches.
 #[test]
 fn gdn_shape_errors_name_the_kernel() {
@@ -578,4 +735,62 @@ fn gdn_shape_errors_name_the_kernel() {
     );
     normed(&fits, 128).expect("the same shape with a whole z launches");
     gpu.sync("the normed recurrence's shape checks").unwrap();
+
+    // The convolution folded in: up to 8 rows and 8 taps, up to 8 value heads a key head (a
+    // cluster); more is refused (the executor runs the conv and the normed recurrence apart
+    // there), and so is a window of the wrong length.
+    let conv_normed = |s: &GdnShape, rows: usize, kernel: usize, window_rows: usize| {
+        let width = 2 * s.key_heads * s.key_dim + s.value_heads * s.value_dim;
+        let (vh, dv) = (s.value_heads, s.value_dim);
+        let mut window = up(&vec![0.0f32; window_rows * width]);
+        let mut state = up(&vec![0.0f32; vh * s.key_dim * dv]);
+        let vhs = up(&vec![0.0f32; vh]);
+        let rows_vh = up(&vec![0.0f32; rows * vh]);
+        gdn::gdn_conv_normed_recurrence(
+            &gpu,
+            &up(&vec![0.0f32; rows * width]),
+            &up(&vec![0.0f32; width * kernel]),
+            &mut window,
+            &rows_vh,
+            &rows_vh,
+            &vhs,
+            &vhs,
+            &up(&vec![0.0f32; rows * vh * dv]),
+            &up(&vec![1.0f32; dv]),
+            &mut state,
+            rows,
+            s,
+            kernel,
+            true,
+            1e-6,
+        )
+    };
+    let s = GdnShape {
+        key_heads: 2,
+        value_heads: 6,
+        key_dim: 16,
+        value_dim: 16,
+    };
+    let name = "gdn_conv_normed_recurrence_f32";
+    for (rows, kernel, window_rows, what) in [
+        (9, 4, 3, "9 rows"),
+        (1, 9, 8, "9 taps"),
+        (1, 4, 2, "a short window"),
+    ] {
+        let err = conv_normed(&s, rows, kernel, window_rows)
+            .expect_err(&format!("a shape error: {what}"));
+        assert!(err.to_string().contains(name), "{what}: {err}");
+    }
+    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &s, 4, 9));
+    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &s, 9, 1));
+    let nine = GdnShape {
+        key_heads: 1,
+        value_heads: 9,
+        ..s
+    };
+    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &nine, 4, 1));
+    let err = conv_normed(&nine, 1, 4, 3).expect_err("a shape error: 9 value heads a key head");
+    assert!(err.to_string().contains(name), "{err}");
+    conv_normed(&s, 8, 4, 3).expect("8 rows of 4 taps, 3 value heads a key head launch");
+    gpu.sync("the fused convolution's shape checks").unwrap();
 }

@@ -342,6 +342,36 @@ fn exec_node(
             );
             one(rows, y)
         }
+        Op::GdnConvNormedRecurrence { kernel, .. } => {
+            let shape = gdn::GdnShape::of(&node.op).expect("a recurrence op");
+            let (qkv, rows) = inputs[0].f32();
+            // The states in the fused nodes' order: the conv's window, then the recurrence's.
+            let [window, st] = states else {
+                return Err(format!(
+                    "{} states, want the window and the state",
+                    states.len()
+                ));
+            };
+            let (b, a, z) = (inputs[1].f32().0, inputs[2].f32().0, inputs[3].f32().0);
+            let y = gdn::conv_normed_recurrence(
+                qkv,
+                &w[0].data,
+                fixed_buf(window),
+                *kernel,
+                b,
+                a,
+                &w[1].data,
+                &w[2].data,
+                z,
+                &w[3].data,
+                fixed_buf(st),
+                rows,
+                &shape,
+                consts.gate_activation,
+                eps,
+            );
+            one(rows, y)
+        }
         Op::GatedRmsNorm { head_dim } => {
             let (x, rows) = inputs[0].f32();
             one(

@@ -109,6 +109,19 @@ pub enum Op<D> {
         key_dim: D,
         value_dim: D,
     },
+    /// `CausalConv { kernel, dilation: 1, silu: true }` then `GdnNormedRecurrence` as one op
+    /// (fusion `gdn_conv_normed_recurrence`): inputs the raw projection `qkv [T, 2*Kh*dk +
+    /// Vh*dv]`, `b, a [T, Vh]` and `z [T, Vh*dv]`; weights the conv weight `[2*Kh*dk + Vh*dv, 1,
+    /// kernel]`, `A_log, dt_bias [Vh]` and the norm weight `[dv]`; states the conv window
+    /// (`kernel - 1` rows of the projection) then `[Vh, dk, dv]` → the normed `o [T, Vh*dv]` (the
+    /// conv output is never stored).
+    GdnConvNormedRecurrence {
+        key_heads: D,
+        value_heads: D,
+        key_dim: D,
+        value_dim: D,
+        kernel: D,
+    },
     /// Per-head RMS norm with a plain weight `[head_dim]`, times `act(gate)`; act from constants.
     GatedRmsNorm {
         head_dim: D,
@@ -289,6 +302,7 @@ impl<D> Op<D> {
             Op::GdnRecurrence { .. } => "gdn_recurrence",
             Op::GdnGatedRecurrence { .. } => "gdn_gated_recurrence",
             Op::GdnNormedRecurrence { .. } => "gdn_normed_recurrence",
+            Op::GdnConvNormedRecurrence { .. } => "gdn_conv_normed_recurrence",
             Op::GatedRmsNorm { .. } => "gated_rms_norm",
             Op::SplitQGate { .. } => "split_q_gate",
             Op::Rope { .. } => "rope",
@@ -383,6 +397,7 @@ impl<D> Op<D> {
                 GdnRecurrence { key_heads, value_heads, key_dim, value_dim },
                 GdnGatedRecurrence { key_heads, value_heads, key_dim, value_dim },
                 GdnNormedRecurrence { key_heads, value_heads, key_dim, value_dim },
+                GdnConvNormedRecurrence { key_heads, value_heads, key_dim, value_dim, kernel },
                 GatedRmsNorm { head_dim },
                 SplitQGate { heads, head_dim },
                 Rope { head_dim, rotary_dim },

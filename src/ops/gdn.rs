@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::conv;
 use super::norm;
 use super::sigmoid;
 use crate::ir::{GateActivation, Op};
@@ -44,8 +45,9 @@ pub struct GdnShape {
 }
 
 impl GdnShape {
-    /// The shape a recurrence op (`GdnRecurrence`, `GdnGatedRecurrence` with its gates, or
-    /// `GdnNormedRecurrence` with its gates and output norm) runs.
+    /// The shape a recurrence op (`GdnRecurrence`, `GdnGatedRecurrence` with its gates,
+    /// `GdnNormedRecurrence` with its gates and output norm, or `GdnConvNormedRecurrence` with
+    /// the convolution ahead of those) runs.
     pub fn of(op: &Op<usize>) -> Option<GdnShape> {
         match *op {
             Op::GdnRecurrence {
@@ -65,6 +67,13 @@ impl GdnShape {
                 value_heads,
                 key_dim,
                 value_dim,
+            }
+            | Op::GdnConvNormedRecurrence {
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+                ..
             } => Some(GdnShape {
                 key_heads,
                 value_heads,
@@ -72,6 +81,16 @@ impl GdnShape {
                 value_dim,
             }),
             _ => None,
+        }
+    }
+
+    /// The recurrence with its gates and output norm (`GdnNormedRecurrence`) of this shape.
+    pub fn normed_recurrence_op(&self) -> Op<usize> {
+        Op::GdnNormedRecurrence {
+            key_heads: self.key_heads,
+            value_heads: self.value_heads,
+            key_dim: self.key_dim,
+            value_dim: self.value_dim,
         }
     }
 
@@ -205,4 +224,32 @@ pub fn normed_recurrence(
 ) -> Vec<f32> {
     let o = gated_recurrence(qkv, b, a, a_log, dt_bias, state, tokens, s);
     norm::gated_rms_norm(&o, z, norm_w, s.value_dim, act, eps)
+}
+
+/// The causal convolution of the raw projection `qkv [tokens, 2*Kh*dk + Vh*dv]` (`kernel` taps,
+/// dilation 1, SiLU; `conv_w [width, kernel]`, `window` its last `kernel - 1` rows, updated as
+/// `conv::causal_conv` does), then `normed_recurrence` over its output
+/// (`Op::GdnConvNormedRecurrence`, the fused op).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_normed_recurrence(
+    qkv: &[f32],
+    conv_w: &[f32],
+    window: &mut [f32],
+    kernel: usize,
+    b: &[f32],
+    a: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    z: &[f32],
+    norm_w: &[f32],
+    state: &mut [f32],
+    tokens: usize,
+    s: &GdnShape,
+    act: GateActivation,
+    eps: f32,
+) -> Vec<f32> {
+    let x = conv::causal_conv(qkv, window, conv_w, tokens, kernel, 1, true);
+    normed_recurrence(
+        &x, b, a, a_log, dt_bias, z, norm_w, state, tokens, s, act, eps,
+    )
 }

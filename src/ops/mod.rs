@@ -48,6 +48,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gdn_recurrence"
         | "gdn_gated_recurrence"
         | "gdn_normed_recurrence"
+        | "gdn_conv_normed_recurrence"
         | "gated_rms_norm"
         | "split_q_gate"
         | "rope"

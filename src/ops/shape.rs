@@ -192,6 +192,26 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 &weights[2..],
             )
         }
+        Op::GdnConvNormedRecurrence { kernel, .. } => {
+            // The convolution of the raw projection (the first input, the first weight), then
+            // the normed recurrence over its output with the other inputs and weights.
+            expect_inputs(inputs, 4)?;
+            expect_weights(weights, 4)?;
+            let conv = Op::CausalConv {
+                kernel: *kernel,
+                dilation: 1,
+                silu: true,
+            };
+            let x = infer(&conv, &inputs[..1], &weights[..1])?;
+            let normed = crate::ops::gdn::GdnShape::of(op)
+                .expect("a recurrence op")
+                .normed_recurrence_op();
+            infer(
+                &normed,
+                &[x[0], inputs[1], inputs[2], inputs[3]],
+                &weights[1..],
+            )
+        }
         Op::GatedRmsNorm { head_dim } => {
             expect_inputs(inputs, 2)?;
             expect_weights(weights, 1)?;
@@ -579,5 +599,38 @@ mod tests {
         // A missing input or weight.
         assert!(infer(&op, &[qg, k, v], &weights).is_err());
         assert!(infer(&op, &[qg, k, v, sel], &weights[..1]).is_err());
+    }
+
+    /// The fused convolution's rule is the convolution's over the raw projection and the conv
+    /// weight, then the normed recurrence's: either part's mismatch refused.
+    #[test]
+    fn conv_normed_recurrence_checks_the_conv_and_the_recurrence() {
+        use ValueType::F32;
+        let op = Op::GdnConvNormedRecurrence {
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 8,
+            value_dim: 6,
+            kernel: 4,
+        };
+        let width = 2 * 2 * 8 + 4 * 6;
+        let qkv = (F32, width);
+        let (b, a, z) = ((F32, 4), (F32, 4), (F32, 4 * 6));
+        let weights = vec![vec![width, 1, 4], vec![4], vec![4], vec![6]];
+        assert_eq!(infer(&op, &[qkv, b, a, z], &weights), Ok(vec![(F32, 24)]));
+        // A conv weight of other taps or of another width than qkv, a qkv and conv weight that
+        // agree but do not fit the heads, z of another width, a norm weight of another length, a
+        // missing weight or input.
+        let taps3 = vec![vec![width, 1, 3], vec![4], vec![4], vec![6]];
+        assert!(infer(&op, &[qkv, b, a, z], &taps3).is_err());
+        let narrow = vec![vec![width - 1, 1, 4], vec![4], vec![4], vec![6]];
+        assert!(infer(&op, &[qkv, b, a, z], &narrow).is_err());
+        assert!(infer(&op, &[(F32, width - 1), b, a, z], &weights).is_err());
+        assert!(infer(&op, &[(F32, width - 1), b, a, z], &narrow).is_err());
+        assert!(infer(&op, &[qkv, b, a, (F32, 23)], &weights).is_err());
+        let wrong_norm = vec![vec![width, 1, 4], vec![4], vec![4], vec![24]];
+        assert!(infer(&op, &[qkv, b, a, z], &wrong_norm).is_err());
+        assert!(infer(&op, &[qkv, b, a, z], &weights[..3]).is_err());
+        assert!(infer(&op, &[qkv, b, a], &weights).is_err());
     }
 }

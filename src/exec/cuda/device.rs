@@ -501,6 +501,12 @@ impl Gpu {
         self.programmatic.load(Ordering::Relaxed)
     }
 
+    /// Whether launches may group blocks into thread-block clusters (`KernelLaunch::cluster`):
+    /// sm_90 and later.
+    pub fn clusters(&self) -> bool {
+        self.info.compute_capability.0 >= 9
+    }
+
     /// Serialises steps on this device (see the `step` field); held until the guard drops.
     pub fn lock_step(&self) -> std::sync::MutexGuard<'_, ()> {
         // A panic in another step leaves nothing half-set that the next step relies on: it

@@ -1147,20 +1147,39 @@ fn launch_node<'v>(
             let norm_w = weights.vector(w(2))?;
             let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
             let st = f32_state(&mut bufs[0]);
-            let y = if gdn::normed_recurrence_fits(&shape) {
-                gdn::gdn_normed_recurrence(
-                    gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, sigmoid, eps,
+            let y = normed_recurrence(
+                gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim, sigmoid,
+                eps,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::GdnConvNormedRecurrence {
+            value_dim, kernel, ..
+        } => {
+            let shape = GdnShape::of(&node.op).expect("a recurrence op");
+            let (qkv, rows) = arg(0).f32();
+            let (b, a, z) = (arg(1).f32().0, arg(2).f32().0, arg(3).f32().0);
+            let conv_w = weights.vector(w(0))?;
+            let (a_log, dt_bias) = (weights.vector(w(1))?, weights.vector(w(2))?);
+            let norm_w = weights.vector(w(3))?;
+            let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
+            // The states in the fused node's order: the conv's window, then the recurrence's.
+            let [window, st] = bufs else {
+                unreachable!("the fused node carries the conv's and the recurrence's states")
+            };
+            let (window, st) = (f32_state(window), f32_state(st));
+            let y = if gdn::conv_normed_recurrence_fits(gpu, &shape, *kernel, rows) {
+                gdn::gdn_conv_normed_recurrence(
+                    gpu, qkv, conv_w, window, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape,
+                    *kernel, sigmoid, eps,
                 )?
             } else {
-                // A head wider than one block holds: the recurrence, then the norm.
-                let gates = gdn::GdnGates::Raw {
-                    b,
-                    a,
-                    a_log,
-                    dt_bias,
-                };
-                let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape)?;
-                layout::gated_rms_norm(gpu, &o, z, norm_w, *value_dim, sigmoid, eps)?
+                // The convolution, then the normed recurrence, as the unfused nodes.
+                let x = gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)?;
+                normed_recurrence(
+                    gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
+                    sigmoid, eps,
+                )?
             };
             vec![DVal::F32 { rows, buf: y }]
         }
@@ -1496,6 +1515,42 @@ fn launch_node<'v>(
             }]
         }
     })
+}
+
+/// `Op::GdnNormedRecurrence`'s launches: its kernel where the head fits one block, else the
+/// recurrence, then the norm.
+#[allow(clippy::too_many_arguments)]
+fn normed_recurrence(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    a: &CudaSlice<f32>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    norm_w: &CudaSlice<f32>,
+    st: &mut CudaSlice<f32>,
+    rows: usize,
+    shape: &GdnShape,
+    value_dim: usize,
+    sigmoid: bool,
+    eps: f32,
+) -> Result<Buf<f32>, CudaError> {
+    if gdn::normed_recurrence_fits(shape) {
+        gdn::gdn_normed_recurrence(
+            gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, shape, sigmoid, eps,
+        )
+    } else {
+        // A head wider than one block holds: the recurrence, then the norm.
+        let gates = gdn::GdnGates::Raw {
+            b,
+            a,
+            a_log,
+            dt_bias,
+        };
+        let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, shape)?;
+        layout::gated_rms_norm(gpu, &o, z, norm_w, value_dim, sigmoid, eps)
+    }
 }
 
 fn f32_state(buf: &mut DevState) -> &mut CudaSlice<f32> {

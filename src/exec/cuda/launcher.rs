@@ -31,6 +31,8 @@ pub struct KernelLaunch<'a> {
     /// 32-bit scalars take the first four bytes, which is where the driver reads them on the
     /// little-endian hosts CUDA runs on).
     args: Vec<u64>,
+    /// Blocks a thread-block cluster holds along x ([`KernelLaunch::cluster`]); 1: no clusters.
+    cluster: u32,
 }
 
 /// A value that can be passed to a kernel parameter.
@@ -76,7 +78,18 @@ impl<'a> KernelLaunch<'a> {
             gpu,
             func,
             args: Vec::with_capacity(16),
+            cluster: 1,
         }
+    }
+
+    /// Launches the grid as clusters of `blocks` consecutive blocks along x (sm_90 and later;
+    /// the grid's x dimension must be a multiple of it, at most 8 for every device to take it):
+    /// the blocks of a cluster run at once and may meet at a cluster barrier
+    /// (`cluster_arrive` / `cluster_wait` in kernels/common.cuh). The launch fails where the
+    /// device has no clusters ([`Gpu::clusters`]).
+    pub fn cluster(&mut self, blocks: u32) -> &mut Self {
+        self.cluster = blocks;
+        self
     }
 
     pub fn arg<A: KernelArg>(&mut self, a: A) -> &mut Self {
@@ -98,11 +111,26 @@ impl<'a> KernelLaunch<'a> {
             .iter_mut()
             .map(|a| a as *mut u64 as *mut c_void)
             .collect();
-        // SAFETY: a plain C struct; zero is "no attribute value".
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let programmatic = self.gpu.programmatic_launch();
+        // SAFETY: plain C structs; zero is "no attribute value".
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut count = 0;
+        if self.gpu.programmatic_launch() {
+            let attr = &mut attrs[count];
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            count += 1;
+        }
+        if self.cluster > 1 {
+            let attr = &mut attrs[count];
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                x: self.cluster,
+                y: 1,
+                z: 1,
+            };
+            count += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -116,15 +144,15 @@ impl<'a> KernelLaunch<'a> {
             // results/2026-11-30-sanitize-moe-before-fix.log).
             sharedMemBytes: cfg.shared_mem_bytes.next_multiple_of(16),
             hStream: self.gpu.stream.cu_stream(),
-            attrs: if programmatic {
-                &mut attr
+            attrs: if count > 0 {
+                attrs.as_mut_ptr()
             } else {
                 std::ptr::null_mut()
             },
-            numAttrs: u32::from(programmatic),
+            numAttrs: count as u32,
         };
         // SAFETY: `params` points at one value per kernel parameter (the caller's contract);
-        // `config` and `attr` outlive the call.
+        // `config` and `attrs` outlive the call.
         unsafe {
             sys::cuLaunchKernelEx(
                 &config,
