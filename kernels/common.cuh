@@ -102,24 +102,6 @@ __device__ __forceinline__ void wait_for_producers_unless(bool ahead) {
     if (!ahead) wait_for_producers();
 }
 
-// The blocks of a thread-block cluster (sm_90; the launcher's cluster dimension,
-// `KernelLaunch::cluster`): every thread of the cluster's blocks calls cluster_arrive() once and
-// then cluster_wait() once (both uniformly: `.aligned`). cluster_wait() returns once every thread
-// of the cluster has arrived; arrive is a release and wait an acquire, so what a thread read or
-// wrote before its arrive happens before what any thread of the cluster does after its wait (a
-// block may then overwrite what the others have read). Only in a grid launched with clusters;
-// no-ops before sm_90, where launchers must not rely on them.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
 // Asks the memory system to bring `bytes` of weights at `p` into L2 (sm_90 and later: one
 // bulk-copy prefetch; a hint that changes no result). Called before wait_for_producers(), with
 // the weights this block reads first, so that they stream in while the kernel before finishes.

@@ -729,13 +729,14 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
 //
 // Each channel's window is written once, after every read of it. A v channel's by its block
 // (the only one that reads it), once convolved. Key head kh's q and k channels are read by its
-// G blocks, so only the first (h % G == 0) writes them, and only once all G have read them: the
-// G blocks are one cluster (the launcher's cluster dimension G), every thread arrives at the
-// cluster barrier past its reads of the window, and the first block writes past its wait
-// (without it nothing orders one block's reads before another's writes: a grid's blocks run in
-// no set order, some perhaps only after others have finished). Until then the next rows of q and
-// k stay in shared memory (qk_next). The barrier needs sm_90 where G > 1 (the launcher checks);
-// G = 1 launches no cluster and skips it (the condition is the same in the whole grid).
+// G blocks, so only one writes them, and only once all G have read them (nothing else orders one
+// block's reads before another's writes: a grid's blocks run in no set order, some perhaps only
+// after others have finished): each block, past its reads, adds 1 to counters[kh] (fenced), and
+// the block that brings it to G writes them (every block forms the same next rows of q and k, in
+// shared memory: qk_next) and sets it back to 0 for the next launch, which runs after this one.
+// An arrival counter rather than a cluster barrier: a cluster of G blocks waits for G free
+// multiprocessors of one GPC at once, and measured, the fused kernel then started only once the
+// projection ahead had drained (results/2026-11-30-trace-fusions.log).
 #define GDNC_CHANNELS (2 * GDNW_MAX_DK + GDNN_MAX_DV)
 
 // Channel e of block h as a column of qkv: q (e < dk), then k (e < 2·dk) of key head kh, then v
@@ -749,16 +750,16 @@ __device__ __forceinline__ long gdnc_column(int e, int dk, int dv, int kh, int h
 extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
     gdn_conv_normed_recurrence_f32(float* out, float* window, float* state, const float* qkv, const float* conv_w,
                                    const float* b_in, const float* a_in, const float* a_log, const float* dt_bias,
-                                   const float* z, const float* norm_w, int rows, int key_heads, int value_heads,
-                                   int dk, int dv, int kernel, int use_sigmoid, float eps) {
+                                   const float* z, const float* norm_w, unsigned* counters, int rows, int key_heads,
+                                   int value_heads, int dk, int dv, int kernel, int use_sigmoid, float eps) {
     using L = GdnnLanes;
     __shared__ float cx[GDNN_T][GDNC_CHANNELS];
     __shared__ float qk_next[CONV_MAX_TAPS - 1][2 * GDNW_MAX_DK];
+    __shared__ int writes_qk_s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.x;
     const int group = value_heads / key_heads;
     const int kh = h / group;
-    const bool writes_qk = h % group == 0;  // the cluster's first block
     const int r0 = gdnn_row0(lane), j = gdnn_col0(lane, warp);
     const long key_dim = (long)key_heads * dk;
     const long width = 2 * key_dim + (long)value_heads * dv;
@@ -787,23 +788,32 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
             if (p < kernel - 1) {
                 if (e >= 2 * dk)
                     window[p * width + c] = win[p];
-                else if (writes_qk)
+                else
                     qk_next[p][e] = win[p];
             }
         }
     }
-    // This thread has read all it reads of the window. (A key head of one value head: no
-    // cluster, nothing shared.)
-    if (group > 1) cluster_arrive();
+    // Every thread of the block has read all it reads of the window: the block arrives.
+    __syncthreads();
+    if (tid == 0) {
+        bool last = true;
+        if (group > 1) {
+            __threadfence();
+            last = atomicAdd(counters + kh, 1u) == (unsigned)(group - 1);
+            if (last) counters[kh] = 0u;
+        }
+        writes_qk_s = last;
+    }
+    __syncthreads();
+    const bool writes_qk = writes_qk_s != 0;
 
     const GdnHeadRows src{&cx[0][0], GDNC_CHANNELS, 0, dk, 2 * dk};
     gdn_normed_tokens(s0, s1, out, src, GdnRawGates{b_in, a_in, a_log, dt_bias, value_heads}, z, norm_w, rows,
                       value_heads, dk, dv, use_sigmoid, eps);
     L::store_state(s0, s1, state + head_state, r0, j, dk, dv);
 
-    // Every block of key head kh has read its q and k windows: the first writes their next rows
-    // (each thread the channels it convolved, so its own writes to qk_next).
-    if (group > 1) cluster_wait();
+    // Every block of key head kh has read its q and k windows: the last to arrive writes their
+    // next rows (each thread the channels it convolved, so its own writes to qk_next).
     if (writes_qk) {
         for (int e = tid; e < 2 * dk; e += blockDim.x) {
             const long c = gdnc_column(e, dk, dv, kh, h, key_dim);

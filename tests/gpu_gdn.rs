@@ -482,7 +482,8 @@ fn gdn_normed_recurrence_matches_the_cpu_composition() {
 
 /// The convolution folded into the normed recurrence (`gdn_conv_normed_recurrence_f32`: a block
 /// a value head convolving the q and k channels of its key head and its own v channels, the
-/// value heads of a key head one cluster) over consecutive steps from a random window and state,
+/// value heads of a key head meeting at an arrival counter) over consecutive steps from a random
+/// window and state,
 /// both carried on every side: against the CPU's composition (`ops::gdn::conv_normed_recurrence`:
 /// `conv::causal_conv`, then `normed_recurrence`), the output and both states; and bit for bit
 /// against the unfused kernels (`causal_conv`, then `gdn_normed_recurrence`) on the same inputs.
@@ -500,15 +501,16 @@ fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
     };
     // (shape, the conv's taps)
     let cases = [
-        // real: 16 key heads of 3 value heads (clusters of 3), 384 channels a block of 512 threads
+        // real: 16 key heads of 3 value heads (3 blocks meet at each key head's counter), 384
+        // channels a block of 512 threads
         (shape(16, 48, 128, 128), 4),
-        // tiny: clusters of 2
+        // tiny: 2 value heads a key head
         (shape(2, 4, 8, 8), 4),
         // odd: 2*37 + 24 = 98 channels for 96 threads (two take a second channel), 3 taps
         (shape(2, 4, 37, 24), 3),
         // ragged: dv 13 (a partial warp's last pair has one column), one key head of 3 value heads
         (shape(1, 3, 8, 13), 4),
-        // a value head a key head: no cluster; 2 taps
+        // a value head a key head: no other block to wait for; 2 taps
         (shape(3, 3, 16, 16), 2),
     ];
     for (s, kernel) in cases {
@@ -736,9 +738,9 @@ fn gdn_shape_errors_name_the_kernel() {
     normed(&fits, 128).expect("the same shape with a whole z launches");
     gpu.sync("the normed recurrence's shape checks").unwrap();
 
-    // The convolution folded in: up to 8 rows and 8 taps, up to 8 value heads a key head (a
-    // cluster); more is refused (the executor runs the conv and the normed recurrence apart
-    // there), and so is a window of the wrong length.
+    // The convolution folded in: up to 8 rows and 8 taps, any whole number of value heads a key
+    // head, at most a counter's worth of key heads; more is refused (the executor runs the conv
+    // and the normed recurrence apart there), and so is a window of the wrong length.
     let conv_normed = |s: &GdnShape, rows: usize, kernel: usize, window_rows: usize| {
         let width = 2 * s.key_heads * s.key_dim + s.value_heads * s.value_dim;
         let (vh, dv) = (s.value_heads, s.value_dim);
@@ -788,8 +790,15 @@ fn gdn_shape_errors_name_the_kernel() {
         value_heads: 9,
         ..s
     };
-    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &nine, 4, 1));
-    let err = conv_normed(&nine, 1, 4, 3).expect_err("a shape error: 9 value heads a key head");
+    conv_normed(&nine, 1, 4, 3).expect("9 value heads a key head launch");
+    // More key heads than the device has arrival counters: refused.
+    let many = GdnShape {
+        key_heads: gpu.counter_count() + 1,
+        value_heads: gpu.counter_count() + 1,
+        ..s
+    };
+    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &many, 4, 1));
+    let err = conv_normed(&many, 1, 4, 3).expect_err("a shape error: too many key heads");
     assert!(err.to_string().contains(name), "{err}");
     conv_normed(&s, 8, 4, 3).expect("8 rows of 4 taps, 3 value heads a key head launch");
     gpu.sync("the fused convolution's shape checks").unwrap();

@@ -57,7 +57,13 @@ pub struct Gpu {
     /// Modules taken out of the cache by [`Gpu::enable_trace`], kept loaded for the graphs
     /// captured with them.
     retired: Mutex<Vec<Arc<CudaModule>>>,
+    /// Arrival counters for kernels whose blocks meet within a launch ([`Gpu::counters`]):
+    /// zeroed when the device is opened (never inside a capture), left at zero by each launch.
+    counters: CudaSlice<u32>,
 }
+
+/// How many arrival counters a device has ([`Gpu::counters`]).
+const ARRIVAL_COUNTERS: usize = 256;
 
 /// The inputs of a node (by their place in the node's input list, up to 64) that are complete
 /// before the node launched just ahead of it has finished: a kernel may read them and compute
@@ -190,6 +196,16 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| CudaError::driver("reading the multiprocessor count", None, e))?
             .max(1) as usize;
+        let counters = stream.alloc_zeros::<u32>(ARRIVAL_COUNTERS).map_err(|e| {
+            CudaError::driver(
+                "allocating the arrival counters",
+                Some(ARRIVAL_COUNTERS * 4),
+                e,
+            )
+        })?;
+        stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("zeroing the arrival counters", None, e))?;
         Ok(Gpu {
             ctx,
             stream,
@@ -208,6 +224,7 @@ impl Gpu {
             tracing: AtomicBool::new(false),
             names: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            counters,
         })
     }
 
@@ -501,10 +518,16 @@ impl Gpu {
         self.programmatic.load(Ordering::Relaxed)
     }
 
-    /// Whether launches may group blocks into thread-block clusters (`KernelLaunch::cluster`):
-    /// sm_90 and later.
-    pub fn clusters(&self) -> bool {
-        self.info.compute_capability.0 >= 9
+    /// The device address of the arrival counters (`counters` field): words that kernels count
+    /// their blocks' arrivals in and leave at zero when they finish (as
+    /// `gdn_conv_normed_recurrence_f32` does, one word a key head).
+    pub fn counters(&self) -> u64 {
+        self.counters.device_ptr(&self.stream).0
+    }
+
+    /// How many arrival counters there are ([`Gpu::counters`]).
+    pub fn counter_count(&self) -> usize {
+        self.counters.len()
     }
 
     /// Serialises steps on this device (see the `step` field); held until the guard drops.

@@ -31,8 +31,6 @@ pub struct KernelLaunch<'a> {
     /// 32-bit scalars take the first four bytes, which is where the driver reads them on the
     /// little-endian hosts CUDA runs on).
     args: Vec<u64>,
-    /// Blocks a thread-block cluster holds along x ([`KernelLaunch::cluster`]); 1: no clusters.
-    cluster: u32,
 }
 
 /// A value that can be passed to a kernel parameter.
@@ -78,18 +76,7 @@ impl<'a> KernelLaunch<'a> {
             gpu,
             func,
             args: Vec::with_capacity(16),
-            cluster: 1,
         }
-    }
-
-    /// Launches the grid as clusters of `blocks` consecutive blocks along x (sm_90 and later;
-    /// the grid's x dimension must be a multiple of it, at most 8 for every device to take it):
-    /// the blocks of a cluster run at once and may meet at a cluster barrier
-    /// (`cluster_arrive` / `cluster_wait` in kernels/common.cuh). The launch fails where the
-    /// device has no clusters ([`Gpu::clusters`]).
-    pub fn cluster(&mut self, blocks: u32) -> &mut Self {
-        self.cluster = blocks;
-        self
     }
 
     pub fn arg<A: KernelArg>(&mut self, a: A) -> &mut Self {
@@ -119,16 +106,6 @@ impl<'a> KernelLaunch<'a> {
             attr.id =
                 sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attr.value.programmaticStreamSerializationAllowed = 1;
-            count += 1;
-        }
-        if self.cluster > 1 {
-            let attr = &mut attrs[count];
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-                x: self.cluster,
-                y: 1,
-                z: 1,
-            };
             count += 1;
         }
         let config = sys::CUlaunchConfig {

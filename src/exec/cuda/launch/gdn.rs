@@ -528,26 +528,23 @@ pub fn gdn_normed_recurrence(
 }
 
 /// Most rows and taps `gdn_conv_normed_recurrence_f32` takes (GDNN_T and CONV_MAX_TAPS in
-/// kernels/gdn.cu), and most value heads a key head (one cluster: the size every device with
-/// clusters takes).
+/// kernels/gdn.cu).
 const CONV_NORMED_MAX_ROWS: usize = 8;
-const MAX_CLUSTER: usize = 8;
 
 /// Whether `gdn_conv_normed_recurrence_f32` takes a step of `rows` over shape `s` with a
 /// convolution of `kernel` taps: the normed recurrence's heads ([`normed_recurrence_fits`]), 1 to
-/// 8 rows and taps, and up to 8 value heads a key head, which share their key head's q and k
-/// windows through a cluster barrier (so more than one needs a device with clusters). The
-/// executor runs the convolution and the normed recurrence apart otherwise.
+/// 8 rows and taps, whole groups of value heads a key head, and key heads that the device's
+/// arrival counters cover ([`Gpu::counters`]). The executor runs the convolution and the
+/// normed recurrence apart otherwise.
 pub fn conv_normed_recurrence_fits(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> bool {
-    let group = match s.value_heads.checked_div(s.key_heads) {
-        Some(g) if g > 0 && s.value_heads.is_multiple_of(s.key_heads) => g,
-        _ => return false,
-    };
-    normed_recurrence_fits(s)
+    let whole_groups = s.key_heads > 0
+        && s.value_heads >= s.key_heads
+        && s.value_heads.is_multiple_of(s.key_heads);
+    whole_groups
+        && normed_recurrence_fits(s)
         && (1..=CONV_NORMED_MAX_ROWS).contains(&rows)
         && (1..=CONV_MAX_TAPS).contains(&kernel)
-        && group <= MAX_CLUSTER
-        && (group == 1 || gpu.clusters())
+        && s.key_heads <= gpu.counter_count()
 }
 
 /// The causal convolution (`kernel` taps, dilation 1, SiLU) of the raw projection `qkv [rows,
@@ -556,8 +553,8 @@ pub fn conv_normed_recurrence_fits(gpu: &Gpu, s: &GdnShape, kernel: usize, rows:
 /// (updated in place as [`causal_conv`] does), then as [`gdn_normed_recurrence`] over the
 /// convolution's output with `b`, `a`, `a_log`, `dt_bias`, `z`, `norm_w` and `state [Vh, dk, dv]`
 /// (updated in place). Returns `y [rows, Vh*dv]`, bit for bit what `causal_conv` then
-/// `gdn_normed_recurrence` give. A block per value head, the value heads of a key head one
-/// cluster: for decode-sized steps ([`conv_normed_recurrence_fits`]).
+/// `gdn_normed_recurrence` give. A block per value head, the value heads of a key head meeting at
+/// an arrival counter: for decode-sized steps ([`conv_normed_recurrence_fits`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_conv_normed_recurrence(
     gpu: &Gpu,
@@ -580,16 +577,14 @@ pub fn gdn_conv_normed_recurrence(
     let name = "gdn_conv_normed_recurrence_f32";
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
     check_heads(name, s, rows, NORMED_MAX_DK, NORMED_MAX_DV)?;
-    let group = vh / kh;
     shape(
         name,
         conv_normed_recurrence_fits(gpu, s, kernel, rows),
         || {
-            let (major, minor) = gpu.info.compute_capability;
             format!(
                 "rows {rows} (at most {CONV_NORMED_MAX_ROWS}), kernel {kernel} (1 to \
-                 {CONV_MAX_TAPS} taps), {group} value heads a key head (at most {MAX_CLUSTER}; \
-                 more than 1 needs clusters, sm_90: this device is sm_{major}{minor})"
+                 {CONV_MAX_TAPS} taps), {kh} key heads (at most {})",
+                gpu.counter_count()
             )
         },
     )?;
@@ -627,6 +622,7 @@ pub fn gdn_conv_normed_recurrence(
         },
     )?;
     let f = gpu.function("gdn.cu", name)?;
+    let counters = gpu.counters();
     let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
     let (k32, sig) = (kernel as i32, sigmoid as i32);
@@ -647,6 +643,7 @@ pub fn gdn_conv_normed_recurrence(
         .arg(dt_bias)
         .arg(z)
         .arg(norm_w)
+        .arg(&counters)
         .arg(&r32)
         .arg(&kh32)
         .arg(&vh32)
@@ -655,19 +652,14 @@ pub fn gdn_conv_normed_recurrence(
         .arg(&k32)
         .arg(&sig)
         .arg(&eps);
-    if group > 1 {
-        // Key head kh's value heads are blocks [kh*group, (kh+1)*group): one cluster, whose
-        // first block writes the q and k windows once all have read them.
-        b.cluster(group as u32);
-    }
     // SAFETY: the lengths were checked above; as gdn_normed_recurrence for the state, o and z;
     // block h reads qkv's and the conv weight's columns of key head kh's q and k and of its own
-    // v, and the window's rows of those columns, which it writes only for its v and (the first
-    // block of the cluster, past the cluster barrier that all of the cluster's threads reach
-    // after their reads) key head kh's q and k; rows ≤ 8 (GDNN_T rows of the kernel's shared
-    // convolution outputs), kernel ≤ 8 (CONV_MAX_TAPS: its registers and the next q and k rows
-    // in shared memory), 2*dk + dv ≤ 384 channels (its shared rows); the grid, Vh = Kh*group
-    // blocks, is whole clusters, group ≤ 8.
+    // v, and the window's rows of those columns, which it writes only for its v and (the last
+    // of key head kh's blocks to arrive at counters[kh], each past its reads) key head kh's q
+    // and k; counters holds at least Kh zeroed words (Gpu::counters; each launch leaves them
+    // zero); rows ≤ 8 (GDNN_T rows of the kernel's shared convolution outputs), kernel ≤ 8
+    // (CONV_MAX_TAPS: its registers and the next q and k rows in shared memory), 2*dk + dv ≤ 384
+    // channels (its shared rows).
     launched(name, unsafe { b.launch(cfg) })?;
     Ok(out)
 }
