@@ -781,6 +781,13 @@ __device__ __forceinline__ float attention_out(float acc, float l, const float* 
     return y * sigmoid_f32(qg[(2 * task + 1) * head_dim + d]);
 }
 
+// As attention_out, the gate already loaded (g = qg's gate value of the output).
+template <bool GATED>
+__device__ __forceinline__ float attention_out_gate(float acc, float l, float g) {
+    const float y = l > 0.0f ? acc / l : 0.0f;
+    return GATED ? y * sigmoid_f32(g) : y;
+}
+
 __device__ __forceinline__ float block_max_f32(float v) {
     __shared__ float partial_max[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -1223,6 +1230,14 @@ __device__ __forceinline__ void attention_split_combine(float* out, const float*
     const int hd4 = head_dim >> 2;
     const int sg = threadIdx.x >> 6, c4 = threadIdx.x & 63;
     for (long task = blockIdx.x; task < rows * heads; task += gridDim.x) {
+        // The gate quad this thread's output takes, loaded first so that its latency hides
+        // under the splits' weights (it would otherwise add a round trip after the sums).
+        float4 g4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (GATED && sg == 0 && c4 < hd4) {
+            const float* g = qg + (2 * task + 1) * head_dim + 4 * c4;
+            const bool quad = (reinterpret_cast<unsigned long long>(g) & 15ull) == 0;
+            g4 = quad ? *reinterpret_cast<const float4*>(g) : make_float4(g[0], g[1], g[2], g[3]);
+        }
         const float2* ml = ml_all + task * splits;
         float mx = NEG_INF;
         for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
@@ -1252,12 +1267,11 @@ __device__ __forceinline__ void attention_split_combine(float* out, const float*
                 o.z += b.z;
                 o.w += b.w;
             }
-            const int d = 4 * c4;
             float4 r;
-            r.x = attention_out<GATED>(o.x, l, qg, task, head_dim, d);
-            r.y = attention_out<GATED>(o.y, l, qg, task, head_dim, d + 1);
-            r.z = attention_out<GATED>(o.z, l, qg, task, head_dim, d + 2);
-            r.w = attention_out<GATED>(o.w, l, qg, task, head_dim, d + 3);
+            r.x = attention_out_gate<GATED>(o.x, l, g4.x);
+            r.y = attention_out_gate<GATED>(o.y, l, g4.y);
+            r.z = attention_out_gate<GATED>(o.z, l, g4.z);
+            r.w = attention_out_gate<GATED>(o.w, l, g4.w);
             reinterpret_cast<float4*>(out + task * head_dim)[c4] = r;
         }
         __syncthreads();  // split_weight and partial are rewritten by the next task
