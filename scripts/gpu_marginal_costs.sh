@@ -17,8 +17,8 @@
 source "$(dirname "$0")/gpu_env.sh"
 kinds=("$@")
 if [ ${#kinds[@]} -eq 0 ]; then
-    kinds=(hc_read linear_group gdn_conv_normed_recurrence linear_hc_write moe_router moe_experts
-        swiglu_linear moe_shared_write norm_rope indexer_select attention sigmoid_mul)
+    kinds=(hc_read linear_group causal_conv gdn_normed_recurrence linear_hc_write moe_router moe_experts
+        swiglu_linear moe_shared_write indexer_select_qk gated_attention)
 fi
 common=(--layers 8 --contexts 1024 --decode-steps 64 --prefills 16 --chunk 16)
 step_ms() { # the replayed graph's ms a step (device events) and the kind's node count from bench.json
