@@ -240,7 +240,10 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     // The convolution folded into the normed recurrence: on the CPU only (graphs/fusions.ron
     // says why).
     assert!(fired(Cpu, Phase::Decode, 1)["gdn_conv_normed_recurrence"] > 0);
-    assert_eq!(fired(Cuda, Phase::Decode, 1)["gdn_conv_normed_recurrence"], 0);
+    assert_eq!(
+        fired(Cuda, Phase::Decode, 1)["gdn_conv_normed_recurrence"],
+        0
+    );
 
     let cpu_long = fired(Cpu, Phase::Prefill, 64);
     for name in [

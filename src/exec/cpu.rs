@@ -428,54 +428,30 @@ fn exec_node(
             let ((x, rows), (g, _)) = (inputs[0].f32(), inputs[1].f32());
             one(rows, ew::sigmoid_mul(x, g, rows))
         }
-        Op::IndexerSelect {
-            heads,
-            head_dim,
-            rotary_dim,
-            budget,
-            block,
-        } => {
+        Op::IndexerSelect { .. } => {
+            let s = indexer::IndexerShape::of(&node.op).expect("an indexer op");
             let (q, rows) = inputs[0].f32();
             let (k, _) = inputs[1].f32();
-            let s = indexer::IndexerShape {
-                heads: *heads,
-                head_dim: *head_dim,
-                rotary_dim: *rotary_dim,
-                budget: *budget,
-                block: *block,
-            };
             let sel = indexer_select(q, k, &w[0].data, states, rows, start, &s, eps, consts);
             Ok(vec![Val::Sel(sel)])
         }
         // The unfused chain's slices and query norm_rope, then the indexer.
-        Op::IndexerSelectQk {
-            heads,
-            head_dim,
-            rotary_dim,
-            budget,
-            block,
-        } => {
+        Op::IndexerSelectQk { .. } => {
+            let s = indexer::IndexerShape::of(&node.op).expect("an indexer op");
             let (qk, rows) = inputs[0].f32();
-            let q_width = heads * head_dim;
+            let q_width = s.heads * s.head_dim;
             let q_raw = ew::slice_cols(qk, rows, 0, q_width);
-            let k = ew::slice_cols(qk, rows, q_width, *head_dim);
+            let k = ew::slice_cols(qk, rows, q_width, s.head_dim);
             let q = rope::norm_rope(
                 &q_raw,
                 &w[0].data,
                 rows,
                 start,
-                *head_dim,
-                *rotary_dim,
+                s.head_dim,
+                s.rotary_dim,
                 eps,
                 consts.rope_theta,
             );
-            let s = indexer::IndexerShape {
-                heads: *heads,
-                head_dim: *head_dim,
-                rotary_dim: *rotary_dim,
-                budget: *budget,
-                block: *block,
-            };
             let sel = indexer_select(&q, &k, &w[1].data, states, rows, start, &s, eps, consts);
             Ok(vec![Val::Sel(sel)])
         }

@@ -52,6 +52,36 @@ pub struct IndexerShape {
     pub block: usize,
 }
 
+impl IndexerShape {
+    /// The shape an indexer op (`IndexerSelect`, or `IndexerSelectQk` over its projection) runs.
+    pub fn of(op: &crate::ir::Op<usize>) -> Option<IndexerShape> {
+        use crate::ir::Op;
+        match *op {
+            Op::IndexerSelect {
+                heads,
+                head_dim,
+                rotary_dim,
+                budget,
+                block,
+            }
+            | Op::IndexerSelectQk {
+                heads,
+                head_dim,
+                rotary_dim,
+                budget,
+                block,
+            } => Some(IndexerShape {
+                heads,
+                head_dim,
+                rotary_dim,
+                budget,
+                block,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Extends `pooled` (rows of `head_dim`) with the keys of blocks completed by `raw_keys`.
 pub fn pool_blocks(
     raw_keys: &[f32],

@@ -1247,74 +1247,45 @@ fn launch_node<'v>(
                 buf: launch::sigmoid_mul(gpu, x, g, rows)?,
             }]
         }
-        Op::IndexerSelect {
-            heads,
-            head_dim,
-            rotary_dim,
-            budget,
-            block,
-        } => {
-            let (q, rows) = arg(0).f32();
-            let shape = IndexerShape {
-                heads: *heads,
-                head_dim: *head_dim,
-                rotary_dim: *rotary_dim,
-                budget: *budget,
-                block: *block,
-            };
+        Op::IndexerSelect { .. } | Op::IndexerSelectQk { .. } => {
+            let shape = IndexerShape::of(&node.op).expect("an indexer op");
             let [raw, pooled] = &mut bufs[..] else {
                 unreachable!("the template declares two states")
             };
             let (raw, pooled) = (f32_state(raw), f32_state(pooled));
-            let sel = attention::indexer_select(
-                gpu,
-                q,
-                arg(1).f32().0,
-                weights.vector(w(0))?,
-                raw,
-                pooled,
-                rows,
-                step,
-                &shape,
-                cap,
-                eps,
-                theta,
-            );
-            vec![DVal::Sel { buf: sel? }]
-        }
-        Op::IndexerSelectQk {
-            heads,
-            head_dim,
-            rotary_dim,
-            budget,
-            block,
-        } => {
-            let (qk, rows) = arg(0).f32();
-            let shape = IndexerShape {
-                heads: *heads,
-                head_dim: *head_dim,
-                rotary_dim: *rotary_dim,
-                budget: *budget,
-                block: *block,
+            // The queries and keys ready, or the indexer's projection (IndexerSelectQk).
+            let (x, rows) = arg(0).f32();
+            let sel = if let Op::IndexerSelect { .. } = node.op {
+                attention::indexer_select(
+                    gpu,
+                    x,
+                    arg(1).f32().0,
+                    weights.vector(w(0))?,
+                    raw,
+                    pooled,
+                    rows,
+                    step,
+                    &shape,
+                    cap,
+                    eps,
+                    theta,
+                )
+            } else {
+                attention::indexer_select_qk(
+                    gpu,
+                    x,
+                    weights.vector(w(0))?,
+                    weights.vector(w(1))?,
+                    raw,
+                    pooled,
+                    rows,
+                    step,
+                    &shape,
+                    cap,
+                    eps,
+                    theta,
+                )
             };
-            let [raw, pooled] = &mut bufs[..] else {
-                unreachable!("the template declares two states")
-            };
-            let (raw, pooled) = (f32_state(raw), f32_state(pooled));
-            let sel = attention::indexer_select_qk(
-                gpu,
-                qk,
-                weights.vector(w(0))?,
-                weights.vector(w(1))?,
-                raw,
-                pooled,
-                rows,
-                step,
-                &shape,
-                cap,
-                eps,
-                theta,
-            );
             vec![DVal::Sel { buf: sel? }]
         }
         Op::Attention {
