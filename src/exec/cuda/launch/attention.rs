@@ -466,6 +466,8 @@ fn select_launches(
         .arg(&cap64)
         .arg(&slots64)
         .arg(&k_stride64);
+    // The query blocks' inputs: with a projection, its query heads (rows as far apart as the
+    // keys': the projection's row), else null pointers (no query blocks).
     let null = 0u64;
     let q_stride64 = k_stride64;
     match (&mut q_formed, &query) {
