@@ -487,7 +487,7 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
 // A gate lane's place: its warp's channel c, its stream s (32 / C lanes a stream), the up row ch,
 // and whether the block takes the early path (uniform over the block). Index math only.
 struct HcGateLane {
-    bool split, early, live;
+    bool early, live;
     int per;
     long c, s, ch, chunks, first;
 };
@@ -497,14 +497,14 @@ __device__ __forceinline__ HcGateLane hc_gate_lane(const W* up, long streams, lo
     constexpr int N = WeightVec<W>::N;
     HcGateLane g;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    g.split = streams <= 32 && 32 % streams == 0;
-    g.per = g.split ? 32 / (int)streams : 32;
+    const bool split = streams <= 32 && 32 % streams == 0;
+    g.per = split ? 32 / (int)streams : 32;
     g.c = (long)blockIdx.x * warps + (threadIdx.x >> 5);
     g.s = lane / g.per;
     g.ch = g.s * hid + g.c;
     g.chunks = rank / N;
     g.first = lane % g.per;
-    g.early = g.split && (long)gridDim.x * warps >= hid && rank % N == 0 && aligned16(up) &&
+    g.early = split && (long)gridDim.x * warps >= hid && rank % N == 0 && aligned16(up) &&
               g.chunks <= HC_GATE_CHUNKS * g.per;
     g.live = g.c < hid;
     return g;
