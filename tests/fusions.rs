@@ -8,6 +8,7 @@ mod common;
 use graphrun::exec::{cpu, SessionState};
 use graphrun::ir::{Device, LogitsMode, Op, Phase, Program};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::ops::indexer::RowSel;
 use graphrun::plan::{LayerKind, ModelPlan};
 use graphrun::synth;
 use graphrun::weights::Weights;
@@ -37,7 +38,7 @@ fn program_on(
 #[derive(Debug, PartialEq)]
 enum Kept {
     F32(Vec<f32>),
-    Sel(String),
+    Sel(Vec<RowSel>),
 }
 
 fn values(
@@ -51,7 +52,7 @@ fn values(
     keep.iter()
         .map(|k| match got.remove(*k).unwrap() {
             cpu::Val::F32 { data, .. } => (k.to_string(), Kept::F32(data)),
-            cpu::Val::Sel(sel) => (k.to_string(), Kept::Sel(format!("{sel:?}"))),
+            cpu::Val::Sel(sel) => (k.to_string(), Kept::Sel(sel)),
             other => panic!("{k}: unexpected {other:?}"),
         })
         .collect()

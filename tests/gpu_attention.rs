@@ -1059,6 +1059,44 @@ enum Queries {
     OneHead,
 }
 
+impl Queries {
+    /// Shapes one row's query heads `[heads * head_dim]` (drawn uniform) as this kind asks.
+    fn shape_row(self, row: &mut [f32], head_dim: usize) {
+        match self {
+            Queries::Random => {}
+            Queries::Zero => row.fill(0.0),
+            Queries::OneHead => row[head_dim..].fill(0.0),
+        }
+    }
+}
+
+/// The indexer's key states filled to `fill` positions: random raw keys and the blocks the
+/// reference pools from them (`k_norm`), then both as the device holds them, zero-padded to
+/// `capacity` rows and `capacity / block` blocks: [raw, pooled, raw padded, pooled padded].
+#[allow(clippy::too_many_arguments)]
+fn filled_keys(
+    rng: &mut ChaCha8Rng,
+    s: &IndexerShape,
+    k_norm: &[f32],
+    fill: usize,
+    capacity: usize,
+    eps: f32,
+    theta: f64,
+) -> [Vec<f32>; 4] {
+    let id = s.head_dim;
+    let raw = random(rng, fill * id);
+    let mut pooled = Vec::new();
+    pool_blocks(&raw, &mut pooled, k_norm, s, eps, theta);
+    let padded = |v: &[f32], len: usize| {
+        let mut p = v.to_vec();
+        p.resize(len, 0.0);
+        p
+    };
+    let raw_padded = padded(&raw, capacity * id);
+    let pooled_padded = padded(&pooled, capacity / s.block * id);
+    [raw, pooled, raw_padded, pooled_padded]
+}
+
 /// `indexer_select` alone from a state filled to `fill` positions (random raw keys, pooled by
 /// the reference and uploaded), then `steps` of (rows, queries) at consecutive positions, each on
 /// fresh random keys and queries: the step's raw keys, the pooled keys it completes and the
@@ -1079,18 +1117,10 @@ fn indexer_steps(
     let (id, keep) = (s.head_dim, s.budget / s.block);
     let k_norm = random(&mut rng, id);
     let dk_norm = gpu.upload(&k_norm, "k_norm").unwrap();
-    let mut raw = random(&mut rng, fill * id);
-    let mut pooled = Vec::new();
-    pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
-    let padded = |v: &[f32], len: usize| {
-        let mut p = v.to_vec();
-        p.resize(len, 0.0);
-        p
-    };
-    let mut d_raw = gpu.upload(&padded(&raw, capacity * id), "raw").unwrap();
-    let mut d_pooled = gpu
-        .upload(&padded(&pooled, capacity / s.block * id), "pooled")
-        .unwrap();
+    let [mut raw, mut pooled, raw_padded, pooled_padded] =
+        filled_keys(&mut rng, s, &k_norm, fill, capacity, eps, theta);
+    let mut d_raw = gpu.upload(&raw_padded, "raw").unwrap();
+    let mut d_pooled = gpu.upload(&pooled_padded, "pooled").unwrap();
     let mut start = fill;
     for &(rows, queries) in steps {
         let label = format!(
@@ -1098,13 +1128,8 @@ fn indexer_steps(
             s.heads, s.block
         );
         let mut iq = random(&mut rng, rows * s.heads * id);
-        match queries {
-            Queries::Random => {}
-            Queries::Zero => iq.fill(0.0),
-            Queries::OneHead => iq
-                .chunks_mut(s.heads * id)
-                .for_each(|row| row[id..].fill(0.0)),
-        }
+        iq.chunks_mut(s.heads * id)
+            .for_each(|row| queries.shape_row(row, id));
         let ik = random(&mut rng, rows * id);
         let step = gpu.upload(&[start as i64], "step").unwrap();
         let d_sel = attn::indexer_select(
@@ -1184,21 +1209,11 @@ fn indexer_qk_steps(
         gpu.upload(&k_norm, "k_norm").unwrap(),
         gpu.upload(&q_norm, "q_norm").unwrap(),
     );
-    let mut raw = random(&mut rng, fill * id);
-    let mut pooled = Vec::new();
-    pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
-    let padded = |v: &[f32], len: usize| {
-        let mut p = v.to_vec();
-        p.resize(len, 0.0);
-        p
-    };
-    let (raw_init, pooled_init) = (
-        padded(&raw, capacity * id),
-        padded(&pooled, capacity / s.block * id),
-    );
+    let [mut raw, mut pooled, raw_padded, pooled_padded] =
+        filled_keys(&mut rng, s, &k_norm, fill, capacity, eps, theta);
     // [fused, unfused] copies of the two states.
-    let mut d_raw = [0, 1].map(|_| gpu.upload(&raw_init, "raw").unwrap());
-    let mut d_pooled = [0, 1].map(|_| gpu.upload(&pooled_init, "pooled").unwrap());
+    let mut d_raw = [0, 1].map(|_| gpu.upload(&raw_padded, "raw").unwrap());
+    let mut d_pooled = [0, 1].map(|_| gpu.upload(&pooled_padded, "pooled").unwrap());
     let mut start = fill;
     for &(rows, queries) in steps {
         let label = format!(
@@ -1206,13 +1221,8 @@ fn indexer_qk_steps(
             s.heads, s.block
         );
         let mut qk = random(&mut rng, rows * (qw + id));
-        for row in qk.chunks_mut(qw + id) {
-            match queries {
-                Queries::Random => {}
-                Queries::Zero => row[..qw].fill(0.0),
-                Queries::OneHead => row[id..qw].fill(0.0),
-            }
-        }
+        qk.chunks_mut(qw + id)
+            .for_each(|row| queries.shape_row(&mut row[..qw], id));
         let q_raw: Vec<f32> = qk.chunks(qw + id).flat_map(|r| r[..qw].to_vec()).collect();
         let ik: Vec<f32> = qk.chunks(qw + id).flat_map(|r| r[qw..].to_vec()).collect();
         let step = gpu.upload(&[start as i64], "step").unwrap();

@@ -1295,15 +1295,7 @@ fn launch_node<'v>(
             block,
         } => {
             let (q, rows) = arg(0).f32();
-            let sel = match arg(3) {
-                DVal::Sel { buf } => buf,
-                _ => unreachable!("validated programs feed a selection"),
-            };
-            let keep = sel.len() / rows - 2;
-            let [kc, vc] = &mut bufs[..] else {
-                unreachable!("the template declares two states")
-            };
-            let (kc, vc) = (f32_state(kc), f32_state(vc));
+            let (sel, keep, kc, vc) = selection_and_caches(arg(3), rows, bufs);
             let attend = match node.variant.as_str() {
                 "split" => attention::attention_split,
                 _ => attention::attention,
@@ -1335,15 +1327,7 @@ fn launch_node<'v>(
             block,
         } => {
             let (qg, rows) = arg(0).f32();
-            let sel = match arg(3) {
-                DVal::Sel { buf } => buf,
-                _ => unreachable!("validated programs feed a selection"),
-            };
-            let keep = sel.len() / rows - 2;
-            let [kc, vc] = &mut bufs[..] else {
-                unreachable!("the fusion carries the attention's two states")
-            };
-            let (kc, vc) = (f32_state(kc), f32_state(vc));
+            let (sel, keep, kc, vc) = selection_and_caches(arg(3), rows, bufs);
             let x = attention::GatedAttentionInputs {
                 qg,
                 k_raw: arg(1).f32().0,
@@ -1522,6 +1506,27 @@ fn normed_recurrence(
         let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, shape)?;
         layout::gated_rms_norm(gpu, &o, z, norm_w, value_dim, sigmoid, eps)
     }
+}
+
+/// An attention node's selection (its fourth input), the blocks each row keeps, and its K and V
+/// caches (its two states: `Attention`'s, carried by the `gated_attention` fusion).
+fn selection_and_caches<'a>(
+    sel: &'a DVal,
+    rows: usize,
+    bufs: &'a mut [DevState],
+) -> (
+    &'a CudaSlice<i32>,
+    usize,
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaSlice<f32>,
+) {
+    let DVal::Sel { buf: sel } = sel else {
+        unreachable!("validated programs feed a selection")
+    };
+    let [kc, vc] = bufs else {
+        unreachable!("the template declares two states")
+    };
+    (sel, sel.len() / rows - 2, f32_state(kc), f32_state(vc))
 }
 
 fn f32_state(buf: &mut DevState) -> &mut CudaSlice<f32> {
