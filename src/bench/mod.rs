@@ -402,6 +402,9 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
         }
         Op::Attention {
             kv_heads, head_dim, ..
+        }
+        | Op::GatedAttention {
+            kv_heads, head_dim, ..
         } => {
             let visited = context.min(2051) as u64; // budget + block - 1 at most (real: 2048 + 3)
             c.kv_and_indexer += visited * (*kv_heads * *head_dim) as u64 * 4 * 2;
@@ -1014,5 +1017,24 @@ mod tests {
             format!("{routed} (moe_experts/token_major)")
         );
         assert!(p.experts.0 > 0 && p.dense.0 > 0);
+    }
+
+    /// Attention reads the visited K and V rows (f32) whether fused with its gate or not, and
+    /// the indexer its compressed keys: at 8k, the first 8 layers' two QSA layers.
+    #[test]
+    fn decode_bytes_count_the_kv_cache_of_every_attention() {
+        let text = include_str!("../../tests/data/configs/qwen3.8-flash-next.json");
+        let plan = bench_plan(text, "qwen3.8-flash-next.json", 8, 1009).unwrap();
+        let graphs = crate::lower::GraphSet::embedded().unwrap();
+        let mut opts = crate::lower::LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+        opts.device = crate::ir::Device::Cuda;
+        let program = crate::lower::lower(&plan, &graphs, &opts).unwrap().program;
+        assert!(program
+            .nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::GatedAttention { .. })));
+        // 2 layers x (2051 positions x 2 kv heads x 256 x 4 bytes x (K, V) + 2048 keys x 128 x 4).
+        let want = 2 * (2051 * 2 * 256 * 4 * 2 + 2048 * 128 * 4);
+        assert_eq!(decode_bytes(&program, 8192).kv_and_indexer, want);
     }
 }
