@@ -207,11 +207,7 @@ pub fn embed(
     let count = ids.len();
     let mut y = gpu.output::<f32>(count * d, kernel)?;
     let (c64, d64) = (count as i64, d as i64);
-    let cfg = LaunchConfig {
-        grid_dim: (count.clamp(1, 65_535) as u32, 1, 1),
-        block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = grid_for(count * d, 256);
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *y).arg(ids);
     arg_matrix(&mut b, table);
