@@ -1,6 +1,6 @@
 //! PLE: hashed n-gram ids and the per-stream gate.
 
-use super::sigmoid;
+use super::{conv, elementwise, norm, sigmoid};
 
 /// N-gram ids `[T, (n-1)*hpn]` for `tokens`, given the previous `n-1` ids in `history` (eos at the
 /// start of a sequence); `history` then holds the last `n-1` ids.
@@ -76,6 +76,38 @@ pub fn gate(key: &[f32], query: &[f32], value: &[f32], tokens: usize, streams: u
         }
     }
     out
+}
+
+/// The PLE block's tail (`Op::PleMix`, fusion `ple_mix`), composed of the unfused ops so that
+/// it gives their bits: `key = rms_norm(key_proj)`, `query = rms_norm(h)` (groups of H, scale
+/// `1 + w`), `gv = gate(key, query, value)`, then `h + (gv + silu(causal_conv(rms_norm(gv))))`,
+/// the conv dilated by `dilation` over `window` (updated as `conv::causal_conv` does).
+/// `key_proj, h [tokens, streams*H]`, `value [tokens, H]`; norm weights `[streams*H]` or `[H]`,
+/// `conv_w [streams*H, kernel]`.
+#[allow(clippy::too_many_arguments)] // the three inputs, four weights and the state of the tail
+pub fn mix(
+    key_proj: &[f32],
+    h: &[f32],
+    value: &[f32],
+    norm_key: &[f32],
+    norm_query: &[f32],
+    norm_conv: &[f32],
+    conv_w: &[f32],
+    window: &mut [f32],
+    tokens: usize,
+    streams: usize,
+    kernel: usize,
+    dilation: usize,
+    eps: f32,
+) -> Vec<f32> {
+    let group = h.len() / tokens / streams;
+    let key = norm::rms_norm(key_proj, norm_key, group, true, eps);
+    let query = norm::rms_norm(h, norm_query, group, true, eps);
+    let gv = gate(&key, &query, value, tokens, streams);
+    let gv_norm = norm::rms_norm(&gv, norm_conv, group, true, eps);
+    let y = conv::causal_conv(&gv_norm, window, conv_w, tokens, kernel, dilation, true);
+    let out = elementwise::add(&gv, &y);
+    elementwise::add(h, &out)
 }
 
 #[cfg(test)]
