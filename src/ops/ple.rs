@@ -193,6 +193,49 @@ mod tests {
         );
     }
 
+    /// The mix carries its conv window across steps: a step of every row gives the bits of
+    /// steps of one and of several rows (rows of a step read rows before them, dilation 2 < 6).
+    #[test]
+    fn mix_window_carries_across_steps() {
+        let (tokens, streams, h, kernel, dilation) = (6, 2, 4, 3, 2);
+        let width = streams * h;
+        let wave =
+            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let (kp, hs, value) = (
+            wave(tokens * width, 0.7),
+            wave(tokens * width, 1.3),
+            wave(tokens * h, 0.4),
+        );
+        let (nk, nq, nc) = (wave(width, 0.2), wave(h, 0.5), wave(width, 0.9));
+        let conv_w = wave(width * kernel, 0.3);
+        let past = (kernel - 1) * dilation;
+        let step = |window: &mut Vec<f32>, t0: usize, t1: usize| {
+            mix(
+                &kp[t0 * width..t1 * width],
+                &hs[t0 * width..t1 * width],
+                &value[t0 * h..t1 * h],
+                &nk,
+                &nq,
+                &nc,
+                &conv_w,
+                window,
+                t1 - t0,
+                streams,
+                kernel,
+                dilation,
+                1e-6,
+            )
+        };
+        let mut window = vec![0.5; past * width];
+        let whole = step(&mut window, 0, tokens);
+        let mut split_window = vec![0.5; past * width];
+        let mut split = step(&mut split_window, 0, 1);
+        split.extend(step(&mut split_window, 1, 4));
+        split.extend(step(&mut split_window, 4, tokens));
+        assert_eq!(split, whole);
+        assert_eq!(split_window, window);
+    }
+
     /// Feeding the tokens one chunk at a time gives the same ids as all at once.
     #[test]
     fn history_carries_across_chunks() {

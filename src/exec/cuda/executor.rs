@@ -1436,14 +1436,7 @@ fn launch_node<'v>(
             );
             let conv_w = weights.vector(w(3))?;
             let window = f32_state(&mut bufs[0]);
-            // The fused kernel where a block holds a stream; else the unfused nodes' launches.
-            let hid = h.len().checked_div(rows * streams).unwrap_or(0);
-            let mix = if ple::ple_mix_fits(hid) {
-                ple::ple_mix
-            } else {
-                ple::ple_mix_unfused
-            };
-            let y = mix(
+            let y = ple::ple_mix(
                 gpu, key_proj, h, value, nk, nq, nc, conv_w, window, shape, eps,
             )?;
             vec![DVal::F32 { rows, buf: y }]

@@ -1,18 +1,17 @@
 //! The PLE block's tail on the device (`kernels/ple.cu`): `Op::PleMix`, the reference
-//! `ops::ple::mix`, and the unfused launches it replaces (the fallback where the kernel does not
-//! fit, and what the GPU tests compare it with).
+//! `ops::ple::mix`, in one launch.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::{gdn, launched, layout, shape};
+use super::{launched, shape};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
 const FILE: &str = "ple.cu";
 
-/// Channels a thread of `ple_mix_f32` holds (`PLE_MIX_SLOTS` in kernels/ple.cu).
-const SLOTS: usize = 8;
-/// Channels a thread takes when the block need not be full (`hid / 4`, 640 threads for 2560).
+/// Channels a thread takes (`hid / 4` threads, 640 for 2560, at most 1024). The kernel holds up
+/// to 8 a thread in registers (`PLE_MIX_SLOTS`) and reads a wider stream's others again in each
+/// pass.
 const CHANNELS_PER_THREAD: usize = 4;
 
 /// The shape of one PLE mix: `key_proj, h [rows, streams*hid]`, `value [rows, hid]`, the norm
@@ -31,12 +30,6 @@ fn threads(hid: usize) -> usize {
     hid.div_ceil(CHANNELS_PER_THREAD)
         .next_multiple_of(32)
         .clamp(32, 1024)
-}
-
-/// Whether [`ple_mix`] takes a stream of `hid` channels: a block holds at most 8 channels a
-/// thread, 8192 in all.
-pub fn ple_mix_fits(hid: usize) -> bool {
-    hid > 0 && hid <= SLOTS * threads(hid)
 }
 
 /// The buffers' shapes against `s`; the stream width `hid`.
@@ -86,11 +79,10 @@ fn checked_hid(
     )?;
     shape(
         kernel_name,
-        norms.iter().all(|w| w.len() == width || w.len() == hid)
-            && norms.iter().all(|w| w.len() == norms[0].len()),
+        norms.iter().all(|w| w.len() == width || w.len() == hid),
         || {
             format!(
-                "norm weights of {}, {}, {} values: want all {width} or all {hid}",
+                "norm weights of {}, {}, {} values: want each {width} or {hid}",
                 norms[0].len(),
                 norms[1].len(),
                 norms[2].len()
@@ -113,8 +105,7 @@ fn checked_hid(
 
 /// `ops::ple::mix` in one launch: returns `h + (gv + silu(conv(rms_norm(gv))))` `[rows,
 /// streams*hid]` and updates `window` as the unfused conv does. A block per stream over the rows
-/// in order (the conv of a row reads the rows before it); a stream of at most 8192 channels
-/// ([`ple_mix_fits`]).
+/// in order (the conv of a row reads the rows before it).
 #[allow(clippy::too_many_arguments)]
 pub fn ple_mix(
     gpu: &Gpu,
@@ -132,17 +123,10 @@ pub fn ple_mix(
     let name = "ple_mix_f32";
     let norms = [norm_key, norm_query, norm_conv];
     let hid = checked_hid(name, key_proj, h, value, norms, conv_w, window, s)?;
-    shape(name, ple_mix_fits(hid), || {
-        format!("a stream of {hid} channels: a block holds at most {SLOTS} a thread")
-    })?;
     let f = gpu.function(FILE, name)?;
     let mut y = gpu.output::<f32>(h.len(), name)?;
-    let (r64, s64, h64, n64) = (
-        s.rows as i64,
-        s.streams as i64,
-        hid as i64,
-        norm_key.len() as i64,
-    );
+    let (r64, s64, h64) = (s.rows as i64, s.streams as i64, hid as i64);
+    let [nk64, nq64, nc64] = norms.map(|w| w.len() as i64);
     let (k32, d32) = (s.kernel as i32, s.dilation as i32);
     let cfg = LaunchConfig {
         grid_dim: (s.streams.min(65_535) as u32, 1, 1),
@@ -162,52 +146,16 @@ pub fn ple_mix(
         .arg(&r64)
         .arg(&s64)
         .arg(&h64)
-        .arg(&n64)
+        .arg(&nk64)
+        .arg(&nq64)
+        .arg(&nc64)
         .arg(&k32)
         .arg(&d32)
         .arg(&eps);
     // SAFETY: the shapes checked above: y, key_proj and h hold rows*streams*hid floats, value
-    // rows*hid, each norm weight streams*hid or hid (norm_len), conv_w streams*hid*kernel, the
-    // window past*streams*hid; a thread's channels stay below hid (hid <= SLOTS * threads), and
-    // each thread reads and rewrites only its own channels' window columns.
+    // rows*hid, each norm weight streams*hid or hid (its length passed), conv_w streams*hid*kernel, the
+    // window past*streams*hid; a thread's channels stay below hid, and each thread reads and
+    // rewrites only its own channels' window columns.
     launched(name, unsafe { b.launch(cfg) })?;
     Ok(y)
-}
-
-/// The unfused launches `ple_mix` replaces, as the unfused program's nodes run them: the key's
-/// and h's norms, the gate, gv's norm, the conv (updating `window`), the two sums.
-#[allow(clippy::too_many_arguments)]
-pub fn ple_mix_unfused(
-    gpu: &Gpu,
-    key_proj: &CudaSlice<f32>,
-    h: &CudaSlice<f32>,
-    value: &CudaSlice<f32>,
-    norm_key: &CudaSlice<f32>,
-    norm_query: &CudaSlice<f32>,
-    norm_conv: &CudaSlice<f32>,
-    conv_w: &CudaSlice<f32>,
-    window: &mut CudaSlice<f32>,
-    s: PleMixShape,
-    eps: f32,
-) -> Result<Buf<f32>, CudaError> {
-    let norms = [norm_key, norm_query, norm_conv];
-    let hid = checked_hid(
-        "ple_mix (unfused)",
-        key_proj,
-        h,
-        value,
-        norms,
-        conv_w,
-        window,
-        s,
-    )?;
-    let key = super::rms_norm(gpu, key_proj, norm_key, hid, true, eps)?;
-    let query = super::rms_norm(gpu, h, norm_query, hid, true, eps)?;
-    let gv = layout::ple_gate(gpu, &key, &query, value, s.rows, s.streams)?;
-    let gv_norm = super::rms_norm(gpu, &gv, norm_conv, hid, true, eps)?;
-    let conv = gdn::causal_conv(
-        gpu, &gv_norm, window, conv_w, s.rows, s.kernel, s.dilation, true,
-    )?;
-    let out = super::add(gpu, &gv, &conv)?;
-    super::add(gpu, h, &out)
 }
