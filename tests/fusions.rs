@@ -231,6 +231,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
             "gated_attention",
+            "ple_mix",
         ] {
             assert!(
                 counts[name] > 0,
@@ -265,6 +266,10 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     );
     let cuda_9 = fired(Cuda, Phase::Prefill, 9);
     assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
+    // The PLE mix: a block per stream over the step's rows in order, up to 8 rows on CUDA.
+    assert!(cuda_8["ple_mix"] > 0, "{cuda_8:?}");
+    assert_eq!(cuda_9["ple_mix"], 0, "{cuda_9:?}");
+    assert!(cpu_long["ple_mix"] > 0, "{cpu_long:?}");
     // A block per value head: from 9 tokens the staged scan and the norm run apart.
     assert_eq!(cuda_9["gdn_normed_recurrence"], 0, "{cuda_9:?}");
     assert!(cuda_9["hc_mix"] > 0, "{cuda_9:?}");

@@ -13,8 +13,10 @@
 mod common;
 
 use common::gpu::*;
+use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::launch::layout::{self, HcReadAct};
-use graphrun::exec::cuda::launch::DeviceMatrix;
+use graphrun::exec::cuda::launch::ple::{self as ple_launch, PleMixShape};
+use graphrun::exec::cuda::launch::{self, DeviceMatrix};
 use graphrun::exec::cuda::{Gpu, ReadyInputs};
 use graphrun::ir::GateActivation;
 use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
@@ -387,6 +389,146 @@ fn layout_kernels_match_the_cpu_reference() {
     );
 }
 
+/// The launches the fusion `ple_mix` replaces, as the unfused program's nodes make them: the
+/// key's and h's norms, the gate, gv's norm, the conv (updating `window`), the two sums.
+#[allow(clippy::too_many_arguments)]
+fn ple_mix_unfused(
+    gpu: &Gpu,
+    key_proj: &CudaSlice<f32>,
+    h: &CudaSlice<f32>,
+    value: &CudaSlice<f32>,
+    norms: &[CudaSlice<f32>],
+    conv_w: &CudaSlice<f32>,
+    window: &mut CudaSlice<f32>,
+    s: PleMixShape,
+    eps: f32,
+) -> Vec<f32> {
+    let hid = h.len() / s.rows / s.streams;
+    let key = launch::rms_norm(gpu, key_proj, &norms[0], hid, true, eps).unwrap();
+    let query = launch::rms_norm(gpu, h, &norms[1], hid, true, eps).unwrap();
+    let gv = layout::ple_gate(gpu, &key, &query, value, s.rows, s.streams).unwrap();
+    let gv_norm = launch::rms_norm(gpu, &gv, &norms[2], hid, true, eps).unwrap();
+    let conv = launch::gdn::causal_conv(
+        gpu, &gv_norm, window, conv_w, s.rows, s.kernel, s.dilation, true,
+    )
+    .unwrap();
+    let out = launch::add(gpu, &gv, &conv).unwrap();
+    gpu.download(&launch::add(gpu, h, &out).unwrap(), "h_out")
+        .unwrap()
+}
+
+/// The PLE mix (`ple_mix_f32`, kernels/ple.cu) over consecutive steps, so that the conv window
+/// carries: each step's output and, after the steps, the window against the CPU reference
+/// (`ops::ple::mix`) and against the unfused launches the fusion replaces. Shapes (rows, H,
+/// streams, kernel, dilation, norm weights per channel of every stream, or the key's and the
+/// query's shared by the streams): tiny and odd ones, more rows a step than the dilation (a row's
+/// conv reads rows of its own step), a stream wider than the kernel holds in registers (8 a
+/// thread of 1024), and the real PLE layer (C 4, H 2560, kernel 4, dilation = ngram 3) at 1 and
+/// 8 rows.
+#[test]
+fn ple_mix_matches_the_cpu_reference_over_steps() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x91e);
+    let mut report = Report(Vec::new());
+    let get = |y: &CudaSlice<f32>| gpu.download(y, "y").unwrap();
+    let eps = 1e-6;
+    for (rows, h, c, kernel, dilation, per_channel) in [
+        (1, 32, 2, 4, 3, true),
+        (3, 33, 3, 3, 2, false),
+        (5, 32, 4, 4, 1, true),
+        (2, 40, 2, 2, 3, true),
+        (2, 8232, 2, 3, 2, false),
+        (1, 2560, 4, 4, 3, true),
+        (8, 2560, 4, 4, 3, true),
+        (1, 2560, 4, 4, 3, false),
+    ] {
+        let width = c * h;
+        let norm_lens = if per_channel {
+            [width; 3]
+        } else {
+            [h, h, width]
+        };
+        let past = (kernel - 1) * dilation;
+        let norms: Vec<Vec<f32>> = norm_lens.iter().map(|&n| random(&mut rng, n)).collect();
+        let conv_w = random(&mut rng, width * kernel);
+        let dn: Vec<_> = norms
+            .iter()
+            .map(|w| gpu.upload(w, "norm").unwrap())
+            .collect();
+        let dconv = gpu.upload(&conv_w, "conv").unwrap();
+        // A window from earlier steps, the same on the CPU and in both device runs.
+        let mut window = random(&mut rng, past * width);
+        let mut fused_window = gpu.upload(&window, "window").unwrap();
+        let mut plain_window = gpu.upload(&window, "window").unwrap();
+        let s = PleMixShape {
+            rows,
+            streams: c,
+            kernel,
+            dilation,
+        };
+        let steps = 4;
+        for step in 0..steps {
+            let key_proj = random(&mut rng, rows * width);
+            let hs = random(&mut rng, rows * width);
+            let value = random(&mut rng, rows * h);
+            let (dk, dh, dv) = (
+                gpu.upload(&key_proj, "key_proj").unwrap(),
+                gpu.upload(&hs, "h").unwrap(),
+                gpu.upload(&value, "value").unwrap(),
+            );
+            let want = ple::mix(
+                &key_proj,
+                &hs,
+                &value,
+                &norms[0],
+                &norms[1],
+                &norms[2],
+                &conv_w,
+                &mut window,
+                rows,
+                c,
+                kernel,
+                dilation,
+                eps,
+            );
+            let fused = ple_launch::ple_mix(
+                &gpu,
+                &dk,
+                &dh,
+                &dv,
+                &dn[0],
+                &dn[1],
+                &dn[2],
+                &dconv,
+                &mut fused_window,
+                s,
+                eps,
+            )
+            .unwrap();
+            let plain =
+                ple_mix_unfused(&gpu, &dk, &dh, &dv, &dn, &dconv, &mut plain_window, s, eps);
+            let shape =
+                format!("T{rows} H{h} C{c} K{kernel} d{dilation} norms {norm_lens:?} step {step}");
+            let fused = get(&fused);
+            report.check("ple_mix_f32", &shape, &fused, &want);
+            report.check("ple_mix_f32 vs unfused", &shape, &fused, &plain);
+        }
+        if past > 0 {
+            let shape = format!("T{rows} H{h} C{c} K{kernel} d{dilation} after {steps} steps");
+            let fused = get(&fused_window);
+            report.check("ple_mix_f32 window", &shape, &fused, &window);
+            report.check(
+                "ple_mix_f32 window vs unfused",
+                &shape,
+                &fused,
+                &get(&plain_window),
+            );
+        }
+    }
+    gpu.sync("the PLE mix checks").unwrap();
+    println!("{} checks passed", report.0.len());
+}
+
 /// A bad launch is an error naming the kernel, not a crash.
 #[test]
 fn layout_shape_errors_name_the_kernel() {
@@ -433,4 +575,51 @@ fn layout_shape_errors_name_the_kernel() {
     )
     .expect_err("no such variant");
     assert!(err.to_string().contains("hc_read_act"), "{err}");
+
+    // The PLE mix over h [1, 4 streams x 3], kernel 4, dilation 3: a window of 8 rows where 9
+    // are wanted, then a bad norm weight.
+    let s = PleMixShape {
+        rows: 1,
+        streams: 4,
+        kernel: 4,
+        dilation: 3,
+    };
+    let (v3, conv) = (
+        gpu.upload(&[1.0f32; 3], "value").unwrap(),
+        gpu.upload(&[0.0f32; 48], "conv").unwrap(),
+    );
+    let mut short_window = gpu.upload(&[0.0f32; 8 * 12], "window").unwrap();
+    let err = ple_launch::ple_mix(
+        &gpu,
+        &h,
+        &h,
+        &v3,
+        &norm,
+        &norm,
+        &norm,
+        &conv,
+        &mut short_window,
+        s,
+        1e-6,
+    )
+    .expect_err("a shape error");
+    assert!(err.to_string().contains("ple_mix_f32"), "{err}");
+    // A norm weight of neither 12 nor 3 values.
+    let norm4 = gpu.upload(&[0.0f32; 4], "norm").unwrap();
+    let mut window = gpu.upload(&[0.0f32; 9 * 12], "window").unwrap();
+    let err = ple_launch::ple_mix(
+        &gpu,
+        &h,
+        &h,
+        &v3,
+        &norm,
+        &norm4,
+        &norm,
+        &conv,
+        &mut window,
+        s,
+        1e-6,
+    )
+    .expect_err("a shape error");
+    assert!(err.to_string().contains("ple_mix_f32"), "{err}");
 }

@@ -560,6 +560,20 @@ fn exec_node(
                 ple::gate(key, inputs[1].f32().0, inputs[2].f32().0, rows, *streams),
             )
         }
+        Op::PleMix {
+            streams,
+            kernel,
+            dilation,
+        } => {
+            let (key_proj, rows) = inputs[0].f32();
+            let (h, value) = (inputs[1].f32().0, inputs[2].f32().0);
+            let window = fixed_buf(&mut states[0]);
+            let y = ple::mix(
+                key_proj, h, value, &w[0].data, &w[1].data, &w[2].data, &w[3].data, window, rows,
+                *streams, *kernel, *dilation, eps,
+            );
+            one(rows, y)
+        }
         Op::SwigluLinear => {
             let (x, rows) = inputs[0].f32();
             let (n, k) = (w[0].shape[0], w[0].shape[1]);

@@ -65,6 +65,17 @@ fn eval_atom(atom: &str, dims: &Dims, whole: &str) -> Result<usize, String> {
     })
 }
 
+/// The first name in `sym` that `dims` does not define, if any (a literal defines itself).
+pub fn unknown<'a>(sym: &'a Sym, dims: &Dims) -> Option<&'a str> {
+    match sym {
+        Sym::Lit(_) => None,
+        Sym::Name(expr) => expr
+            .split(['+', '-', '*', '/'])
+            .map(str::trim)
+            .find(|a| !a.is_empty() && a.parse::<usize>().is_err() && !dims.contains_key(*a)),
+    }
+}
+
 /// Splits `s` at any of `seps`, returning each piece with the separator that preceded it
 /// (`'+'`/`'*'` for the first piece).
 fn split_keep<'a>(s: &'a str, seps: &[char]) -> Vec<(char, &'a str)> {
@@ -118,5 +129,14 @@ mod tests {
         assert!(eval(&Sym::Name("C*".into()), &d)
             .unwrap_err()
             .contains("malformed"));
+    }
+
+    #[test]
+    fn names_an_unknown_dimension() {
+        let d = dims();
+        assert_eq!(unknown(&Sym::Name("C*H-2".into()), &d), None);
+        assert_eq!(unknown(&Sym::Lit(3), &d), None);
+        assert_eq!(unknown(&Sym::Name("kp*n - n".into()), &d), Some("kp"));
+        assert_eq!(unknown(&Sym::Name("H/X".into()), &d), Some("X"));
     }
 }

@@ -215,6 +215,17 @@ pub enum Op<D> {
     PleGate {
         streams: D,
     },
+    /// The PLE block's tail as one op (fusion `ple_mix`): `key = RmsNorm(key_proj)`, `query =
+    /// RmsNorm(h)` (groups of H, scale `1 + w`), `gv = PleGate(key, query, value)`, then
+    /// `h + (gv + CausalConv { kernel, dilation, silu: true }(RmsNorm(gv)))`: args `key_proj,
+    /// h [T, streams*H]`, `value [T, H]`; weights `norm_key, norm_query, norm_conv` (`[streams*H]`
+    /// or `[H]`) and the conv weight `[streams*H, 1, kernel]`; state the conv window
+    /// (`(kernel-1)*dilation` rows of `streams*H`, as the unfused conv's) → `h_out [T, streams*H]`.
+    PleMix {
+        streams: D,
+        kernel: D,
+        dilation: D,
+    },
     /// The last row of the input (logits of the last position only).
     LastRow,
     /// Fused `silu(x·Wgᵀ) * (x·Wuᵀ)` (gate, up and SiLU of an expert).
@@ -317,6 +328,7 @@ impl<D> Op<D> {
             Op::MoeExperts { .. } => "moe_experts",
             Op::PleNgramIds { .. } => "ple_ngram_ids",
             Op::PleGate { .. } => "ple_gate",
+            Op::PleMix { .. } => "ple_mix",
             Op::LastRow => "last_row",
             Op::SwigluLinear => "swiglu_linear",
             Op::HcMix { .. } => "hc_mix",
@@ -411,6 +423,7 @@ impl<D> Op<D> {
                 MoeExperts { experts, intermediate },
                 PleNgramIds { ngram, heads_per_ngram, table },
                 PleGate { streams },
+                PleMix { streams, kernel, dilation },
                 HcMix { streams },
                 HcInject { streams },
                 HcRead { streams },

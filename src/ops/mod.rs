@@ -62,6 +62,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "moe_router"
         | "ple_ngram_ids"
         | "ple_gate"
+        | "ple_mix"
         | "last_row"
         | "hc_mix"
         | "hc_inject"

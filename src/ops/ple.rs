@@ -1,6 +1,6 @@
 //! PLE: hashed n-gram ids and the per-stream gate.
 
-use super::sigmoid;
+use super::{conv, elementwise, norm, sigmoid};
 
 /// N-gram ids `[T, (n-1)*hpn]` for `tokens`, given the previous `n-1` ids in `history` (eos at the
 /// start of a sequence); `history` then holds the last `n-1` ids.
@@ -76,6 +76,38 @@ pub fn gate(key: &[f32], query: &[f32], value: &[f32], tokens: usize, streams: u
         }
     }
     out
+}
+
+/// The PLE block's tail (`Op::PleMix`, fusion `ple_mix`), composed of the unfused ops so that
+/// it gives their bits: `key = rms_norm(key_proj)`, `query = rms_norm(h)` (groups of H, scale
+/// `1 + w`), `gv = gate(key, query, value)`, then `h + (gv + silu(causal_conv(rms_norm(gv))))`,
+/// the conv dilated by `dilation` over `window` (updated as `conv::causal_conv` does).
+/// `key_proj, h [tokens, streams*H]`, `value [tokens, H]`; norm weights `[streams*H]` or `[H]`,
+/// `conv_w [streams*H, kernel]`.
+#[allow(clippy::too_many_arguments)] // the three inputs, four weights and the state of the tail
+pub fn mix(
+    key_proj: &[f32],
+    h: &[f32],
+    value: &[f32],
+    norm_key: &[f32],
+    norm_query: &[f32],
+    norm_conv: &[f32],
+    conv_w: &[f32],
+    window: &mut [f32],
+    tokens: usize,
+    streams: usize,
+    kernel: usize,
+    dilation: usize,
+    eps: f32,
+) -> Vec<f32> {
+    let group = h.len() / tokens / streams;
+    let key = norm::rms_norm(key_proj, norm_key, group, true, eps);
+    let query = norm::rms_norm(h, norm_query, group, true, eps);
+    let gv = gate(&key, &query, value, tokens, streams);
+    let gv_norm = norm::rms_norm(&gv, norm_conv, group, true, eps);
+    let y = conv::causal_conv(&gv_norm, window, conv_w, tokens, kernel, dilation, true);
+    let out = elementwise::add(&gv, &y);
+    elementwise::add(h, &out)
 }
 
 #[cfg(test)]
@@ -159,6 +191,49 @@ mod tests {
                 308958866
             ]
         );
+    }
+
+    /// The mix carries its conv window across steps: a step of every row gives the bits of
+    /// steps of one and of several rows (rows of a step read rows before them, dilation 2 < 6).
+    #[test]
+    fn mix_window_carries_across_steps() {
+        let (tokens, streams, h, kernel, dilation) = (6, 2, 4, 3, 2);
+        let width = streams * h;
+        let wave =
+            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let (kp, hs, value) = (
+            wave(tokens * width, 0.7),
+            wave(tokens * width, 1.3),
+            wave(tokens * h, 0.4),
+        );
+        let (nk, nq, nc) = (wave(width, 0.2), wave(h, 0.5), wave(width, 0.9));
+        let conv_w = wave(width * kernel, 0.3);
+        let past = (kernel - 1) * dilation;
+        let step = |window: &mut Vec<f32>, t0: usize, t1: usize| {
+            mix(
+                &kp[t0 * width..t1 * width],
+                &hs[t0 * width..t1 * width],
+                &value[t0 * h..t1 * h],
+                &nk,
+                &nq,
+                &nc,
+                &conv_w,
+                window,
+                t1 - t0,
+                streams,
+                kernel,
+                dilation,
+                1e-6,
+            )
+        };
+        let mut window = vec![0.5; past * width];
+        let whole = step(&mut window, 0, tokens);
+        let mut split_window = vec![0.5; past * width];
+        let mut split = step(&mut split_window, 0, 1);
+        split.extend(step(&mut split_window, 1, 4));
+        split.extend(step(&mut split_window, 4, tokens));
+        assert_eq!(split, whole);
+        assert_eq!(split_window, window);
     }
 
     /// Feeding the tokens one chunk at a time gives the same ids as all at once.

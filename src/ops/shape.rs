@@ -416,6 +416,42 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             })?;
             f(k)
         }
+        Op::PleMix {
+            streams,
+            kernel,
+            dilation,
+        } => {
+            // The unfused chain's rules in turn: the key's and the query's norms (the first two
+            // weights), the gate, the conv's norm (the third weight), the conv (the fourth), the
+            // two sums.
+            expect_inputs(inputs, 3)?;
+            expect_weights(weights, 4)?;
+            let part = |what: &'static str| move |msg: String| format!("{what}: {msg}");
+            let width = f32_input(inputs[1], "h")?;
+            check(*streams > 0 && width % streams == 0, || {
+                format!("h width {width} is not {streams} streams")
+            })?;
+            check(*kernel > 0 && *dilation > 0, || {
+                format!("kernel {kernel} and dilation {dilation} must be positive")
+            })?;
+            let norm = Op::RmsNorm {
+                group: width / streams,
+                unit_offset: true,
+            };
+            let key = infer(&norm, &inputs[..1], &weights[..1]).map_err(part("key"))?;
+            let query = infer(&norm, &inputs[1..2], &weights[1..2]).map_err(part("query"))?;
+            let gate = Op::PleGate { streams: *streams };
+            let gv = infer(&gate, &[key[0], query[0], inputs[2]], &[]).map_err(part("gate"))?;
+            let gv_norm = infer(&norm, &gv, &weights[2..3]).map_err(part("conv norm"))?;
+            let conv = Op::CausalConv {
+                kernel: *kernel,
+                dilation: *dilation,
+                silu: true,
+            };
+            let y = infer(&conv, &gv_norm, &weights[3..]).map_err(part("conv"))?;
+            let out = infer(&Op::Add, &[gv[0], y[0]], &[])?;
+            infer(&Op::Add, &[inputs[1], out[0]], &[])
+        }
         Op::SwigluLinear => {
             expect_inputs(inputs, 1)?;
             expect_weights(weights, 2)?;
@@ -599,6 +635,53 @@ mod tests {
         // A missing input or weight.
         assert!(infer(&op, &[qg, k, v], &weights).is_err());
         assert!(infer(&op, &[qg, k, v, sel], &weights[..1]).is_err());
+    }
+
+    /// The PLE mix's rule is the unfused tail's: h's width out, and a wrong key, value, norm
+    /// weight or conv weight refused, naming the part.
+    #[test]
+    fn ple_mix_checks_every_part() {
+        use ValueType::{F32, I64};
+        let op = Op::PleMix {
+            streams: 4,
+            kernel: 4,
+            dilation: 3,
+        };
+        let (kp, h, v) = ((F32, 4 * 8), (F32, 4 * 8), (F32, 8));
+        let weights = vec![vec![32], vec![32], vec![32], vec![32, 1, 4]];
+        assert_eq!(infer(&op, &[kp, h, v], &weights), Ok(vec![(F32, 32)]));
+        // Norm weights shared by the streams, as RmsNorm takes them.
+        let shared = vec![vec![8], vec![8], vec![8], vec![32, 1, 4]];
+        assert_eq!(infer(&op, &[kp, h, v], &shared), Ok(vec![(F32, 32)]));
+        let err = |inputs: &[Io], weights: &[Vec<usize>]| infer(&op, inputs, weights).unwrap_err();
+        // h of no whole streams, key_proj of another width, value of another width or type.
+        assert!(infer(&op, &[kp, (F32, 30), v], &weights).is_err());
+        assert!(err(&[(F32, 40), h, v], &weights).starts_with("key: "));
+        assert!(err(&[(F32, 40), h, v], &shared).starts_with("gate: "));
+        assert!(err(&[kp, h, (F32, 16)], &weights).starts_with("gate: "));
+        assert!(err(&[kp, h, (I64, 8)], &weights).starts_with("gate: "));
+        // Each norm weight of neither length, a conv weight of other taps or width.
+        let mut bad = weights.clone();
+        bad[0] = vec![7];
+        assert!(err(&[kp, h, v], &bad).starts_with("key: "));
+        bad = weights.clone();
+        bad[1] = vec![16];
+        assert!(err(&[kp, h, v], &bad).starts_with("query: "));
+        bad = weights.clone();
+        bad[2] = vec![9];
+        assert!(err(&[kp, h, v], &bad).starts_with("conv norm: "));
+        bad = weights.clone();
+        bad[3] = vec![32, 1, 3];
+        assert!(err(&[kp, h, v], &bad).starts_with("conv: "));
+        // No taps, a missing input or weight.
+        let no_taps = Op::PleMix {
+            streams: 4,
+            kernel: 0,
+            dilation: 3,
+        };
+        assert!(infer(&no_taps, &[kp, h, v], &weights).is_err());
+        assert!(infer(&op, &[kp, h], &weights).is_err());
+        assert!(infer(&op, &[kp, h, v], &weights[..3]).is_err());
     }
 
     /// The fused convolution's rule is the convolution's over the raw projection and the conv

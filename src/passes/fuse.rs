@@ -35,6 +35,10 @@ pub fn run(
             counts.insert(fusion.name.clone(), 0);
             continue;
         }
+        if names_a_missing_block(fusion, dims) {
+            counts.insert(fusion.name.clone(), 0);
+            continue;
+        }
         let replace_op: Op<usize> = fusion
             .replace
             .op
@@ -73,6 +77,25 @@ pub fn run(
         counts.insert(fusion.name.clone(), fired);
     }
     Ok(counts)
+}
+
+/// Whether `fusion` names a dimension the plan does not define: the dimensions of a block the
+/// model lacks (`ple_mix`'s `kp` and `n` where no layer has PLE). No node of such a block was
+/// lowered, so the fusion has nothing to match; it counts 0 fires (tests/fusions.rs checks that
+/// every fusion fires somewhere, so a misspelt dimension is still caught).
+fn names_a_missing_block(fusion: &Fusion, dims: &Dims) -> bool {
+    let mut missing = false;
+    let mut note = |s: &crate::ir::Sym| {
+        missing |= dims::unknown(s, dims).is_some();
+        Ok::<(), ()>(())
+    };
+    let _ = fusion.replace.op.map_dims(&mut note);
+    for p in &fusion.pattern {
+        if let Some(op) = &p.exact {
+            let _ = op.map_dims(&mut note);
+        }
+    }
+    missing
 }
 
 /// Structural checks of a fusion entry, independent of any program.

@@ -17,7 +17,7 @@ use crate::weights::Weights;
 
 use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
-use super::launch::{self, attention, gdn, layout, moe, DeviceMatrix};
+use super::launch::{self, attention, gdn, layout, moe, ple, DeviceMatrix};
 
 /// A model's weights on the device.
 pub struct DeviceWeights {
@@ -1415,6 +1415,31 @@ fn launch_node<'v>(
                 rows,
                 buf: layout::ple_gate(gpu, key, arg(1).f32().0, arg(2).f32().0, rows, *streams)?,
             }]
+        }
+        Op::PleMix {
+            streams,
+            kernel,
+            dilation,
+        } => {
+            let (key_proj, rows) = arg(0).f32();
+            let (h, value) = (arg(1).f32().0, arg(2).f32().0);
+            let shape = ple::PleMixShape {
+                rows,
+                streams: *streams,
+                kernel: *kernel,
+                dilation: *dilation,
+            };
+            let (nk, nq, nc) = (
+                weights.vector(w(0))?,
+                weights.vector(w(1))?,
+                weights.vector(w(2))?,
+            );
+            let conv_w = weights.vector(w(3))?;
+            let window = f32_state(&mut bufs[0]);
+            let y = ple::ple_mix(
+                gpu, key_proj, h, value, nk, nq, nc, conv_w, window, shape, eps,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
         }
         Op::SwigluLinear => {
             let (x, rows) = arg(0).f32();

@@ -11,6 +11,7 @@ pub mod gdn;
 pub mod layout;
 pub mod linear;
 pub mod moe;
+pub mod ple;
 pub mod sampling;
 
 pub(crate) use linear::arg_matrix;
