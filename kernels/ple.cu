@@ -10,7 +10,7 @@
 // Channels a thread holds in registers: its c = threadIdx.x + i*blockDim.x for i < PLE_MIX_SLOTS
 // (the loops over i are unrolled, so the arrays are indexed by constants only). A wider stream's
 // further channels are read again from memory in each pass (the `tail` loops).
-#define PLE_MIX_SLOTS 8
+#define PLE_MIX_SLOTS 10
 
 // The scale of norm weight w for channel c of stream s: 1 + w, w per channel of every stream
 // (w_len = streams*hid) or shared by the streams (w_len = hid), as rms_norm_reference_f32.
@@ -35,13 +35,19 @@ __device__ __forceinline__ float ple_key_query(float xk, float xh, float inv_k, 
     return k * q;
 }
 
+// The longest window (past rows) kept in registers by ple_conv; a longer one is read and shifted
+// in memory one row at a time (ple_conv_in_memory).
+#define PLE_MAX_PAST 12
+
 // Channel ch's conv input xn (the normed gv) through its taps, then its window past this row;
 // returns silu of the sum. Σ_j w[j] · ext[past + t - (kernel-1-j)·dilation] in tap order (as
 // causal_conv_reference_f32): the window holds ext rows [t, t + past), so tap j < kernel - 1 is
-// window row past - (kernel-1-j)·dilation, the last one xn. The shift moves each row up one
-// (ascending, so row p + 1 is read before it is overwritten), xn in last.
-__device__ __forceinline__ float ple_conv(float* window, const float* conv_w, float xn, long ch, long width, long past,
-                                          int kernel, int dilation) {
+// window row past - (kernel-1-j)·dilation, the last one xn. The window is then shifted up one
+// row, xn in last. The column is loaded whole before any use (one wait for memory, not one a
+// row: shifting row by row in memory took 25 us for the real window of 9 rows), and each row
+// is visited in ascending order, which is the taps' order.
+__device__ __forceinline__ float ple_conv_in_memory(float* window, const float* conv_w, float xn, long ch, long width,
+                                                   long past, int kernel, int dilation) {
     float acc = 0.0f;
     for (int j = 0; j < kernel; j++) {
         const float v = j < kernel - 1 ? window[(past - (long)(kernel - 1 - j) * dilation) * width + ch] : xn;
@@ -51,26 +57,56 @@ __device__ __forceinline__ float ple_conv(float* window, const float* conv_w, fl
     return silu_f32(acc);
 }
 
-// One block per stream, over the step's rows in order: the conv of row t reads the normed gv of
-// rows before it, which a thread finds in its own channels' window columns (shifted one row
-// after each row). Four block sums a row: the two norms, the dot, gv's norm. A thread reads and
-// rewrites only its own channels' window columns, so the window needs no barrier.
-extern "C" __global__ void __launch_bounds__(1024)
+__device__ __forceinline__ float ple_conv(float* window, const float* conv_w, float xn, long ch, long width, long past,
+                                          int kernel, int dilation) {
+    if (past > PLE_MAX_PAST) return ple_conv_in_memory(window, conv_w, xn, ch, width, past, kernel, dilation);
+    float col[PLE_MAX_PAST];
+#pragma unroll
+    for (int p = 0; p < PLE_MAX_PAST; p++) col[p] = p < past ? window[p * width + ch] : 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PLE_MAX_PAST; p++) {
+        // Row p is tap j = kernel - 1 - (past - p) / dilation where (past - p) is a multiple of
+        // the dilation and j >= 0.
+        const long back = past - p;
+        if (p < past && back % dilation == 0 && back / dilation <= kernel - 1)
+            acc += conv_w[ch * kernel + (kernel - 1 - back / dilation)] * col[p];
+    }
+    acc += conv_w[ch * kernel + kernel - 1] * xn;
+#pragma unroll
+    for (int p = 0; p < PLE_MAX_PAST; p++)
+        if (p < past) window[p * width + ch] = p + 1 < past ? col[p + 1 < PLE_MAX_PAST ? p + 1 : p] : xn;
+    return silu_f32(acc);
+}
+
+// A stream's rows need its whole width for their four block sums (the two norms, the dot, gv's
+// norm), while the conv and the output are per channel: so each stream has `chunks` blocks,
+// each forming the sums over the whole stream (the values are in L2) and then convolving and
+// writing only its own blockDim channels, one a thread. The conv of row t reads the normed gv
+// of rows before it, which the thread finds in its channel's window column (shifted one row after
+// each row): a thread reads and rewrites only its own channel's column, so the window needs no
+// barrier. (One block per stream, each thread convolving ten channels, held 250 registers a
+// thread and started only once the projection ahead had drained.) At most 128 registers a thread
+// (two blocks a multiprocessor), so that a block finds room sooner.
+extern "C" __global__ void __launch_bounds__(256, 2)
     ple_mix_f32(float* out, float* window, const float* key_proj, const float* h, const float* value,
                 const float* norm_key, const float* norm_query, const float* norm_conv, const float* conv_w,
                 long rows, long streams, long hid, long nk_len, long nq_len, long nc_len, int kernel, int dilation,
                 float eps) {
     const long width = streams * hid;
     const long past = (long)(kernel - 1) * dilation;
-    const long s0 = blockIdx.x;
-    // This block's first stream's weights (the norm weights it reads, its conv taps) into L2.
+    const long chunks = (hid + blockDim.x - 1) / blockDim.x;
+    const long s0 = blockIdx.x / chunks, c0 = (blockIdx.x % chunks) * blockDim.x;
+    const long span = min((long)blockDim.x, hid - c0);
+    // This block's first stream's norm weights and its channels' conv taps into L2.
     prefetch_weights(norm_key + ple_norm_start(nk_len, s0, hid), hid * sizeof(float));
     prefetch_weights(norm_query + ple_norm_start(nq_len, s0, hid), hid * sizeof(float));
-    prefetch_weights(norm_conv + ple_norm_start(nc_len, s0, hid), hid * sizeof(float));
-    prefetch_weights(conv_w + s0 * hid * kernel, hid * kernel * sizeof(float));
+    prefetch_weights(norm_conv + ple_norm_start(nc_len, s0, hid) + c0, span * sizeof(float));
+    prefetch_weights(conv_w + (s0 * hid + c0) * kernel, span * kernel * sizeof(float));
     wait_for_producers();
     const long held = (long)PLE_MIX_SLOTS * blockDim.x;  // channels below this are in registers
-    for (long s = s0; s < streams; s += gridDim.x) {
+    for (long b = blockIdx.x; b < streams * chunks; b += gridDim.x) {
+        const long s = b / chunks, own = (b % chunks) * blockDim.x + threadIdx.x;  // this thread's channel
         for (long t = 0; t < rows; t++) {
             const long base = t * width + s * hid;
             const float* vt = value + t * hid;
@@ -113,21 +149,13 @@ extern "C" __global__ void __launch_bounds__(1024)
             }
             for (long c = held + threadIdx.x; c < hid; c += blockDim.x) ssg += (gain * vt[c]) * (gain * vt[c]);  // tail
             const float inv_g = ple_inv_rms(ssg, hid, eps);
-            // h + (gv + conv), the conv over gv's norm (the window's column: the channel s*hid + c).
-#pragma unroll
-            for (int i = 0; i < PLE_MIX_SLOTS; i++) {
-                const long c = threadIdx.x + (long)i * blockDim.x;
-                if (c < hid) {
-                    const float xn = gv[i] * inv_g * ple_scale(norm_conv, nc_len, s, c, hid);
-                    const float y = ple_conv(window, conv_w, xn, s * hid + c, width, past, kernel, dilation);
-                    out[base + c] = xh[i] + (gv[i] + y);
-                }
-            }
-            for (long c = held + threadIdx.x; c < hid; c += blockDim.x) {  // tail
-                const float gvc = gain * vt[c];
-                const float xn = gvc * inv_g * ple_scale(norm_conv, nc_len, s, c, hid);
-                const float y = ple_conv(window, conv_w, xn, s * hid + c, width, past, kernel, dilation);
-                out[base + c] = h[base + c] + (gvc + y);
+            // h + (gv + conv) for this thread's channel, the conv over gv's norm (the window's
+            // column: the channel s*hid + own); gv and h formed and read as above.
+            if (own < hid) {
+                const float gvc = gain * vt[own];
+                const float xn = gvc * inv_g * ple_scale(norm_conv, nc_len, s, own, hid);
+                const float y = ple_conv(window, conv_w, xn, s * hid + own, width, past, kernel, dilation);
+                out[base + own] = h[base + own] + (gvc + y);
             }
         }
     }

@@ -438,6 +438,8 @@ fn ple_mix_matches_the_cpu_reference_over_steps() {
         (5, 32, 4, 4, 1, true),
         (2, 40, 2, 2, 3, true),
         (2, 8232, 2, 3, 2, false),
+        // A window of 15 rows: more than the kernel keeps in registers (PLE_MAX_PAST).
+        (3, 64, 2, 4, 5, true),
         (1, 2560, 4, 4, 3, true),
         (8, 2560, 4, 4, 3, true),
         (1, 2560, 4, 4, 3, false),

@@ -9,10 +9,10 @@ use crate::exec::cuda::error::CudaError;
 
 const FILE: &str = "ple.cu";
 
-/// Channels a thread takes (`hid / 4` threads, 640 for 2560, at most 1024). The kernel holds up
-/// to 8 a thread in registers (`PLE_MIX_SLOTS`) and reads a wider stream's others again in each
-/// pass.
-const CHANNELS_PER_THREAD: usize = 4;
+/// Channels a thread takes (`hid / 10` threads, 256 for 2560, at most `MAX_THREADS`). The kernel
+/// holds up to 10 a thread in registers (`PLE_MIX_SLOTS`) and reads a wider stream's others again
+/// in each pass.
+const CHANNELS_PER_THREAD: usize = 10;
 
 /// The shape of one PLE mix: `key_proj, h [rows, streams*hid]`, `value [rows, hid]`, the norm
 /// weights `[streams*hid]` or `[hid]` each, `conv_w [streams*hid, kernel]`, `window
@@ -25,11 +25,16 @@ pub struct PleMixShape {
     pub dilation: usize,
 }
 
+/// The most threads a block has (`__launch_bounds__` in kernels/ple.cu): small blocks, so that
+/// they find room on the multiprocessors while the projection ahead drains (blocks of 640
+/// threads started only after it had finished).
+const MAX_THREADS: usize = 256;
+
 /// Threads of the fused kernel's block for a stream of `hid` channels.
 fn threads(hid: usize) -> usize {
     hid.div_ceil(CHANNELS_PER_THREAD)
         .next_multiple_of(32)
-        .clamp(32, 1024)
+        .clamp(32, MAX_THREADS)
 }
 
 /// The buffers' shapes against `s`; the stream width `hid`.
@@ -104,8 +109,8 @@ fn checked_hid(
 }
 
 /// `ops::ple::mix` in one launch: returns `h + (gv + silu(conv(rms_norm(gv))))` `[rows,
-/// streams*hid]` and updates `window` as the unfused conv does. A block per stream over the rows
-/// in order (the conv of a row reads the rows before it).
+/// streams*hid]` and updates `window` as the unfused conv does. A block per (stream, slice of
+/// channels) over the rows in order (the conv of a row reads the rows before it).
 #[allow(clippy::too_many_arguments)]
 pub fn ple_mix(
     gpu: &Gpu,
@@ -128,9 +133,12 @@ pub fn ple_mix(
     let (r64, s64, h64) = (s.rows as i64, s.streams as i64, hid as i64);
     let [nk64, nq64, nc64] = norms.map(|w| w.len() as i64);
     let (k32, d32) = (s.kernel as i32, s.dilation as i32);
+    // A block per (stream, `threads` channels): each forms its stream's sums, then convolves its
+    // own channels (kernels/ple.cu).
+    let threads = threads(hid);
     let cfg = LaunchConfig {
-        grid_dim: (s.streams.min(65_535) as u32, 1, 1),
-        block_dim: (threads(hid) as u32, 1, 1),
+        grid_dim: ((s.streams * hid.div_ceil(threads)).min(65_535) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
