@@ -249,3 +249,54 @@ fn long_prompts_take_the_prefill_variants() {
         assert!(whole <= TOLERANCE && chunked <= TOLERANCE, "{name}");
     }
 }
+
+/// GDN value heads wider than one block of the fused normed recurrence holds (the tiny model
+/// with 160-wide value heads): the CUDA executor takes the recurrence, then the norm, the
+/// recurrence's output an intermediate in scratch (`Gpu::intermediate`), not the node's planned
+/// output slot. Eager and replayed decode steps within the bound of the CPU executor.
+#[test]
+fn wide_gdn_heads_take_the_unfused_launches() {
+    if probe().is_err() {
+        return;
+    }
+    let tiny = common::repo().join("models/tiny-qwen4exp/config.json");
+    let text = std::fs::read_to_string(&tiny).unwrap().replace(
+        "\"linear_value_head_dim\": 16",
+        "\"linear_value_head_dim\": 160",
+    );
+    assert!(
+        text.contains("\"linear_value_head_dim\": 160"),
+        "the tiny config changed"
+    );
+    let plan = graphrun::plan::ModelPlan::from_json_str(&text, "wide-gdn").unwrap();
+    let dir = common::temp_dir("wide-gdn");
+    let opts = graphrun::synth::SynthOptions {
+        dtype: graphrun::synth::SynthDtype::F32,
+        seed: 7,
+        shard_bytes: 1 << 30,
+    };
+    graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
+    let gpu = Model::load(&dir, cuda()).unwrap();
+    let cpu = Model::load(&dir, ModelOptions::default()).unwrap();
+    let prompt = [5u32, 6, 7, 8, 9];
+    let next = [10u32, 11, 12, 13];
+    let run = |m: &Model| {
+        let mut s = m.session();
+        let mut out = s.prefill(&prompt, LogitsMode::Last).unwrap().data;
+        for &t in &next {
+            out.extend(s.decode(t).unwrap());
+        }
+        (out, s.graph_replays())
+    };
+    let (g, replays) = run(&gpu);
+    let (c, _) = run(&cpu);
+    let vocab = c.len() / (1 + next.len());
+    let err = common::max_row_rel_err(&g, &c, vocab);
+    println!(
+        "wide GDN heads (dv 160): vs cpu {err:.2e} over {} steps, {replays} replayed",
+        1 + next.len()
+    );
+    assert!(err <= TOLERANCE, "{err:e} from the CPU executor");
+    assert!(replays >= 2, "decode steps replay their graphs");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1174,8 +1174,11 @@ fn launch_node<'v>(
                     *kernel, sigmoid, eps,
                 )?
             } else {
-                // The convolution, then the normed recurrence, as the unfused nodes.
-                let x = gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)?;
+                // The convolution (an intermediate: in scratch), then the normed recurrence,
+                // as the unfused nodes.
+                let x = gpu.intermediate(|| {
+                    gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)
+                })?;
                 normed_recurrence(
                     gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
                     sigmoid, eps,
@@ -1521,14 +1524,15 @@ fn normed_recurrence(
             gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, shape, sigmoid, eps,
         )
     } else {
-        // A head wider than one block holds: the recurrence, then the norm.
+        // A head wider than one block holds: the recurrence (an intermediate: in scratch), then
+        // the norm.
         let gates = gdn::GdnGates::Raw {
             b,
             a,
             a_log,
             dt_bias,
         };
-        let o = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, shape)?;
+        let o = gpu.intermediate(|| gdn::gdn_recurrence(gpu, qkv, gates, st, rows, shape))?;
         layout::gated_rms_norm(gpu, &o, z, norm_w, value_dim, sigmoid, eps)
     }
 }
