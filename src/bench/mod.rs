@@ -355,6 +355,25 @@ pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
     c
 }
 
+/// The K/V positions an attention node visits at `context`: the blocks its selection keeps
+/// (`budget / block` of `block` positions, from the selecting node's op) and the incomplete last
+/// block's up to `block - 1` positions, or every position when nothing selects them.
+fn attended_positions(program: &Program, node: &Node, context: usize) -> usize {
+    let selecting = node.inputs.get(3).and_then(|sel| {
+        program
+            .nodes
+            .iter()
+            .find(|n| n.outputs.contains(sel))
+            .map(|n| &n.op)
+    });
+    match selecting {
+        Some(
+            Op::IndexerSelect { budget, block, .. } | Op::IndexerSelectQk { budget, block, .. },
+        ) if *block > 0 => context.min(budget / block * block + block - 1),
+        _ => context,
+    }
+}
+
 /// The bytes one node of a decode step reads (see [`decode_bytes`]).
 pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
     let mut c = ByteCount {
@@ -406,7 +425,7 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
         | Op::GatedAttention {
             kv_heads, head_dim, ..
         } => {
-            let visited = context.min(2051) as u64; // budget + block - 1 at most (real: 2048 + 3)
+            let visited = attended_positions(program, node, context) as u64;
             c.kv_and_indexer += visited * (*kv_heads * *head_dim) as u64 * 4 * 2;
         }
         Op::IndexerSelect {
@@ -1033,8 +1052,12 @@ mod tests {
             .nodes
             .iter()
             .any(|n| matches!(n.op, Op::GatedAttention { .. })));
-        // 2 layers x (2051 positions x 2 kv heads x 256 x 4 bytes x (K, V) + 2048 keys x 128 x 4).
+        // The config: budget 2048, compress ratio 4, 2 kv heads of 256, indexer keys of 128.
+        // 2 layers x (2048 + 3 positions x 2 kv heads x 256 x 4 bytes x (K, V) + 8192 / 4 keys
+        // x 128 x 4); at a context below the budget every position.
         let want = 2 * (2051 * 2 * 256 * 4 * 2 + 2048 * 128 * 4);
         assert_eq!(decode_bytes(&program, 8192).kv_and_indexer, want);
+        let short = 2 * (1000 * 2 * 256 * 4 * 2 + 250 * 128 * 4);
+        assert_eq!(decode_bytes(&program, 1000).kv_and_indexer, short);
     }
 }
