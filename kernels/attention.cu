@@ -15,7 +15,6 @@
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
-#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
 // ---------------------------------------------------------------------------------------------
 // RoPE

@@ -26,6 +26,10 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(total);
 }
 
+// `for` over the indices [0, n) a thread takes in a grid-strided loop (a thread per index where
+// the grid covers n).
+#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
 // As torch: silu(x) = x * sigmoid(x).
 __device__ __forceinline__ float silu_f32(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }

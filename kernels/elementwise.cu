@@ -1,8 +1,6 @@
 // Elementwise ops over n f32 values (src/ops/elementwise.rs is the reference).
 #include "common.cuh"
 
-#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
-
 extern "C" __global__ void silu_reference_f32(float* y, const float* x, long n) {
     wait_for_producers();
     GRID_STRIDE(i, n) y[i] = silu_f32(x[i]);

@@ -3,8 +3,6 @@
 #include "common.cuh"
 #include "vec.cuh"
 
-#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
-
 // y[t, c] = Σ_j w[c, j] · ext[past + t - (K-1-j)·dilation, c], ext = the window's `past` rows (oldest
 // first) followed by the `rows` rows of x; past = (K-1)·dilation. One thread per output value. The
 // window is only read here: `causal_conv_window_f32`, launched after this kernel on the same stream,

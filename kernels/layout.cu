@@ -5,8 +5,6 @@
 #include "common.cuh"
 #include "vec.cuh"
 
-#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
-
 // ---------------------------------------------------------------------------------------------
 // Pure layout.
 
