@@ -33,6 +33,15 @@ use graphrun::ops::rope;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+/// The real model's indexer: 4 heads of 128, rot 64, budget 2048 in blocks of 4.
+const REAL_INDEXER: IndexerShape = IndexerShape {
+    heads: 4,
+    head_dim: 128,
+    rotary_dim: 64,
+    budget: 2048,
+    block: 4,
+};
+
 #[test]
 fn rope_matches_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -482,13 +491,7 @@ fn qsa_steps_match_the_cpu_reference_at_real_shapes() {
         heads: 24,
         kv_heads: 2,
         head_dim: 256,
-        indexer: IndexerShape {
-            heads: 4,
-            head_dim: 128,
-            rotary_dim: 64,
-            budget: 2048,
-            block: 4,
-        },
+        indexer: REAL_INDEXER,
         theta: 1e7,
         eps: 1e-6,
         capacity: 4096,
@@ -613,13 +616,7 @@ fn attention_split_matches_the_cpu_reference_at_real_shapes() {
         heads: 24,
         kv_heads: 2,
         head_dim: 256,
-        indexer: IndexerShape {
-            heads: 4,
-            head_dim: 128,
-            rotary_dim: 64,
-            budget: 2048,
-            block: 4,
-        },
+        indexer: REAL_INDEXER,
         theta: 1e7,
         eps: 1e-6,
         capacity: 4096,
@@ -975,13 +972,7 @@ fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
 fn indexer_select_at_256k_context() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x256);
-    let s = IndexerShape {
-        heads: 4,
-        head_dim: 128,
-        rotary_dim: 64,
-        budget: 2048,
-        block: 4,
-    };
+    let s = REAL_INDEXER;
     let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
     let (id, keep) = (s.head_dim, s.budget / s.block);
     let k_norm = random(&mut rng, id);
@@ -1365,13 +1356,7 @@ fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let s = IndexerShape {
-        heads: 4,
-        head_dim: 128,
-        rotary_dim: 64,
-        budget: 2048,
-        block: 4,
-    };
+    let s = REAL_INDEXER;
     let boundary = [
         (8, Queries::Random),
         (64, Queries::OneHead),
@@ -1422,13 +1407,7 @@ fn indexer_select_qk_matches_the_unfused_chain() {
             0x9c0 + i as u64,
         );
     }
-    let s = IndexerShape {
-        heads: 4,
-        head_dim: 128,
-        rotary_dim: 64,
-        budget: 2048,
-        block: 4,
-    };
+    let s = REAL_INDEXER;
     let boundary = [
         (8, Queries::Random),
         (64, Queries::OneHead),
@@ -1512,13 +1491,7 @@ fn shape_errors_name_the_kernel() {
 fn timings_at_8k_and_256k_context() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x7173);
-    let s = IndexerShape {
-        heads: 4,
-        head_dim: 128,
-        rotary_dim: 64,
-        budget: 2048,
-        block: 4,
-    };
+    let s = REAL_INDEXER;
     let (heads, kv_heads, hd) = (24usize, 2usize, 256usize);
     let (eps, theta) = (1e-6f32, 1e7);
     let keep = s.budget / s.block;
