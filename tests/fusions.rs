@@ -228,6 +228,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "linear_hc_write",
             "moe_shared_write",
             "hc_read",
+            "hc_read_exit",
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
             "gated_attention",
@@ -266,6 +267,13 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     );
     let cuda_9 = fired(Cuda, Phase::Prefill, 9);
     assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
+    // The hyper-connection reads, the exit's too: a block per activation and row, up to 8 rows.
+    assert!(
+        cuda_8["hc_read"] > 0 && cuda_8["hc_read_exit"] == 1,
+        "{cuda_8:?}"
+    );
+    assert_eq!(cuda_9["hc_read"] + cuda_9["hc_read_exit"], 0, "{cuda_9:?}");
+    assert_eq!(cpu_long["hc_read_exit"], 1, "{cpu_long:?}");
     // The PLE mix: a block per stream over the step's rows in order, up to 8 rows on CUDA.
     assert!(cuda_8["ple_mix"] > 0, "{cuda_8:?}");
     assert_eq!(cuda_9["ple_mix"], 0, "{cuda_9:?}");

@@ -625,15 +625,16 @@ fn exec_node(
             let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
             one(rows, linear::sigmoid_gated_add(x, &w[0].data, b, a, rows))
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             let (h, rows) = inputs[0].f32();
+            let gains = inject.then(|| w[3].data.as_slice());
             let (x, inj) = hyper::hc_read(
-                h, &w[0].data, &w[1].data, &w[2].data, &w[3].data, rows, *streams, eps,
+                h, &w[0].data, &w[1].data, &w[2].data, gains, rows, *streams, eps,
             );
-            Ok(vec![
-                Val::F32 { rows, data: x },
-                Val::F32 { rows, data: inj },
-            ])
+            Ok(std::iter::once(x)
+                .chain(inj)
+                .map(|data| Val::F32 { rows, data })
+                .collect())
         }
         Op::HcInject { streams } => {
             let (hn, rows) = inputs[0].f32();

@@ -238,8 +238,11 @@ pub enum Op<D> {
     /// Fused hyper-connection read: `hn = rms_norm(h)` per stream (unit offset) feeding both
     /// `HcMix` and `HcInject`, in one node with two outputs `x [T, H]` and `inj [T, C]`: arg
     /// `h [T, C*H]`; weights `norm [C*H or H]`, `down [R, C*H]`, `up [C*H, R]`, `inject [C, C*H]`.
+    /// Without `inject` (fusion `hc_read_exit`: the model's final mixer, which has no gains) the
+    /// node has the first three weights and the one output `x`.
     HcRead {
         streams: D,
+        inject: bool,
     },
     /// Fused injection gate: `2 * sigmoid(hn·Winjᵀ / C)`.
     HcInject {
@@ -373,9 +376,10 @@ impl<D> Op<D> {
     /// `None` for an op whose output count is one of its dimensions (`LinearGroup`'s parts).
     pub fn num_outputs(&self) -> Option<usize> {
         match self {
-            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } | Op::HcRead { .. } => {
-                Some(2)
-            }
+            Op::GdnGates
+            | Op::SplitQGate { .. }
+            | Op::MoeRouter { .. }
+            | Op::HcRead { inject: true, .. } => Some(2),
             Op::LinearGroup { .. } => None,
             _ => Some(1),
         }
@@ -426,7 +430,7 @@ impl<D> Op<D> {
                 PleMix { streams, kernel, dilation },
                 HcMix { streams },
                 HcInject { streams },
-                HcRead { streams },
+                HcRead { streams; inject },
                 LinearHcWrite { streams },
                 LinearGroup { parts },
                 MoeSharedWrite { streams },

@@ -473,9 +473,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w / streams)
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             expect_inputs(inputs, 1)?;
-            expect_weights(weights, 4)?;
+            expect_weights(weights, if *inject { 4 } else { 3 })?;
             let w = f32_input(inputs[0], "h")?;
             check(*streams > 0 && w % streams == 0, || {
                 format!("width {w} is not a multiple of {streams} streams")
@@ -488,6 +488,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(weights[1] == vec![r, w] && weights[2] == vec![w, r], || {
                 "down/up".into()
             })?;
+            if !*inject {
+                return f(w / streams);
+            }
             check(weights[3] == vec![*streams, w], || "inject weight".into())?;
             Ok(vec![(F32, w / streams), (F32, *streams)])
         }

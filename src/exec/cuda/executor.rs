@@ -978,21 +978,29 @@ fn launch_node<'v>(
             };
             vec![DVal::F32 { rows, buf: y }]
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             let (h, rows) = arg(0).f32();
+            let gains = if *inject {
+                Some(weights.matrix(w(3))?)
+            } else {
+                None
+            };
             let (x, inj) = layout::hc_read(
                 gpu,
                 h,
                 weights.vector(w(0))?,
                 weights.matrix(w(1))?,
                 weights.matrix(w(2))?,
-                weights.matrix(w(3))?,
+                gains,
                 rows,
                 *streams,
                 eps,
                 layout::HcReadAct::CHOSEN,
             )?;
-            vec![DVal::F32 { rows, buf: x }, DVal::F32 { rows, buf: inj }]
+            std::iter::once(x)
+                .chain(inj)
+                .map(|buf| DVal::F32 { rows, buf })
+                .collect()
         }
         Op::MoeSharedWrite { streams } => {
             let (h, rows) = arg(0).f32();
