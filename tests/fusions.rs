@@ -229,6 +229,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "moe_shared_write",
             "hc_read",
             "hc_read_exit",
+            "embed_streams",
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
             "gated_attention",
@@ -296,6 +297,7 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     }
     assert!(
         cuda_64["sigmoid_gated_add"] > 0
+            && cuda_64["embed_streams"] == 1
             && cuda_64["hc_inject"] > 0
             && cuda_64["gdn_gated_recurrence"] > 0
             && cuda_64["gated_attention"] > 0,

@@ -35,6 +35,7 @@ const COVERED: &[&str] = &["linear", "moe_experts"];
 fn all_multi_variant_ops_are_covered() {
     let kinds = [
         "embed",
+        "embed_streams",
         "repeat_streams",
         "rms_norm",
         "linear",

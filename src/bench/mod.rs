@@ -398,7 +398,8 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
                 c.expert_weights += size(w) * 2 * k / *experts as u64;
             }
         }
-        Op::Embed => {
+        // The gathered rows, not the table (a copy per stream is written, not read).
+        Op::Embed | Op::EmbedStreams { .. } => {
             let ids = program.value(&node.inputs[0]).map(|v| v.width).unwrap_or(1) as u64;
             let d = program
                 .weights

@@ -201,6 +201,20 @@ fn append_and_attend(
     out
 }
 
+/// A gather's ids and row count, every id checked against the table's rows.
+fn table_ids<'v>(ids: &'v Val, table: &WeightTensor) -> Result<(&'v [i64], usize), String> {
+    let rows = match ids {
+        Val::I64 { rows, .. } => *rows,
+        _ => unreachable!("validated programs feed i64 ids"),
+    };
+    let ids = ids.i64();
+    let table_rows = table.shape[0] as i64;
+    if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= table_rows) {
+        return Err(format!("id {bad} is outside the table's {table_rows} rows"));
+    }
+    Ok((ids, rows))
+}
+
 fn exec_node(
     program: &Program,
     node: &Node,
@@ -214,17 +228,16 @@ fn exec_node(
     let one = |rows: usize, data: Vec<f32>| Ok(vec![Val::F32 { rows, data }]);
     match &node.op {
         Op::Embed => {
-            let ids = inputs[0].i64();
-            let rows = match inputs[0] {
-                Val::I64 { rows, .. } => *rows,
-                _ => unreachable!(),
-            };
+            let (ids, rows) = table_ids(inputs[0], w[0])?;
+            one(rows, embed::gather(ids, &w[0].data, w[0].shape[1]))
+        }
+        Op::EmbedStreams { streams } => {
+            let (ids, rows) = table_ids(inputs[0], w[0])?;
             let d = w[0].shape[1];
-            let table_rows = w[0].shape[0] as i64;
-            if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= table_rows) {
-                return Err(format!("id {bad} is outside the table's {table_rows} rows"));
-            }
-            one(rows, embed::gather(ids, &w[0].data, d))
+            one(
+                rows,
+                embed::gather_streams(ids, &w[0].data, d, rows, *streams),
+            )
         }
         Op::RepeatStreams { streams } => {
             let (x, rows) = inputs[0].f32();

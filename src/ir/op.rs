@@ -38,6 +38,12 @@ pub enum Op<D> {
     RepeatStreams {
         streams: D,
     },
+    /// `Embed` then `RepeatStreams` as one op (fusion `embed_streams`): ids `[T, n]` (i64), table
+    /// `[rows, d]` → `[T, streams*n*d]`, every stream of a row a copy of its `n` table rows (the
+    /// token embedding entering the hyper-connection streams).
+    EmbedStreams {
+        streams: D,
+    },
     /// RMS over groups of `group` channels; weight is `[width]` or `[group]` (shared by groups).
     /// `unit_offset`: scale by `(1 + w)` instead of `w`. eps comes from the program constants.
     RmsNorm {
@@ -300,6 +306,7 @@ impl<D> Op<D> {
         match self {
             Op::Embed => "embed",
             Op::RepeatStreams { .. } => "repeat_streams",
+            Op::EmbedStreams { .. } => "embed_streams",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear => "linear",
             Op::DivBy { .. } => "div_by",
@@ -366,7 +373,8 @@ impl<D> Op<D> {
             | Op::LinearHcWrite { .. }
             | Op::LinearGroup { .. }
             | Op::MoeExperts { .. }
-            | Op::Embed => true,
+            | Op::Embed
+            | Op::EmbedStreams { .. } => true,
             Op::MoeSharedWrite { .. } => index == 0,
             Op::HcRead { .. } => index != 0,
             _ => false,
@@ -403,6 +411,7 @@ impl<D> Op<D> {
             ];
             dims: [
                 RepeatStreams { streams },
+                EmbedStreams { streams },
                 RmsNorm { group; unit_offset },
                 DivBy { by },
                 MulBy { by },

@@ -32,6 +32,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         "linear" => &["rows", "tiled"],
         "moe_experts" => &["token_major", "expert_major"],
         "embed"
+        | "embed_streams"
         | "repeat_streams"
         | "rms_norm"
         | "div_by"

@@ -51,6 +51,11 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_inputs(inputs, 1)?;
             f(f32_input(inputs[0], "input")? * streams)
         }
+        Op::EmbedStreams { streams } => {
+            let row = infer(&Op::Embed, inputs, weights)?;
+            check(*streams > 0, || "streams must be > 0".into())?;
+            f(row[0].1 * streams)
+        }
         Op::RmsNorm { group, .. } => {
             expect_inputs(inputs, 1)?;
             expect_weights(weights, 1)?;

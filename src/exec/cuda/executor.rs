@@ -915,6 +915,17 @@ fn ready_after(node: &crate::ir::Node, previous: &crate::ir::Node) -> ReadyInput
     )
 }
 
+/// The row width of a gathered table (its declared `[rows, d]`; 1 for a table the program
+/// does not declare, which the launchers' shape checks then refuse unless it fits).
+fn table_width(program: &Program, name: &str) -> usize {
+    program
+        .weights
+        .iter()
+        .find(|x| x.name == name)
+        .map(|x| x.shape[1])
+        .unwrap_or(1)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_node<'v>(
     gpu: &Gpu,
@@ -933,13 +944,15 @@ fn launch_node<'v>(
         Op::Embed => {
             let (ids, rows) = arg(0).i64();
             let table = weights.matrix(w(0))?;
-            let d = program
-                .weights
-                .iter()
-                .find(|x| x.name == node.weights[0])
-                .map(|x| x.shape[1])
-                .unwrap_or(1);
+            let d = table_width(program, &node.weights[0]);
             let y = launch::embed(gpu, ids, table, d)?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::EmbedStreams { streams } => {
+            let (ids, rows) = arg(0).i64();
+            let table = weights.matrix(w(0))?;
+            let d = table_width(program, &node.weights[0]);
+            let y = launch::embed_streams(gpu, ids, rows, table, d, *streams)?;
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::RepeatStreams { streams } => {
