@@ -59,6 +59,7 @@ fn all_multi_variant_ops_are_covered() {
         "moe_router",
         "moe_experts",
         "ple_ngram_ids",
+        "ple_embed",
         "ple_gate",
         "last_row",
         "swiglu_linear",

@@ -207,12 +207,48 @@ fn table_ids<'v>(ids: &'v Val, table: &WeightTensor) -> Result<(&'v [i64], usize
         Val::I64 { rows, .. } => *rows,
         _ => unreachable!("validated programs feed i64 ids"),
     };
-    let ids = ids.i64();
+    check_ids(ids.i64(), table)?;
+    Ok((ids.i64(), rows))
+}
+
+fn check_ids(ids: &[i64], table: &WeightTensor) -> Result<(), String> {
     let table_rows = table.shape[0] as i64;
-    if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= table_rows) {
-        return Err(format!("id {bad} is outside the table's {table_rows} rows"));
+    match ids.iter().find(|&&i| i < 0 || i >= table_rows) {
+        Some(bad) => Err(format!("id {bad} is outside the table's {table_rows} rows")),
+        None => Ok(()),
     }
-    Ok((ids, rows))
+}
+
+/// The PLE n-gram ids of `tokens` with the node's history (`states[0]`, updated), from the
+/// program's hash table `table` and eos.
+fn ngram_ids(
+    program: &Program,
+    tokens: &[i64],
+    states: &mut [StateBuf],
+    ngram: usize,
+    heads_per_ngram: usize,
+    table: usize,
+) -> Result<Vec<i64>, String> {
+    let consts = &program.consts;
+    let t = consts
+        .ple_tables
+        .get(table)
+        .ok_or_else(|| format!("no PLE table {table}"))?;
+    let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
+    let history = match &mut states[0] {
+        StateBuf::Tokens(h) => h,
+        _ => unreachable!("validated programs give the n-gram ids their token history"),
+    };
+    Ok(ple::ngram_ids(
+        tokens,
+        history,
+        eos,
+        ngram,
+        heads_per_ngram,
+        &t.multipliers,
+        &t.head_sizes,
+        &t.head_offsets,
+    ))
 }
 
 fn exec_node(
@@ -542,29 +578,21 @@ fn exec_node(
             table,
         } => {
             let tokens = inputs[0].i64();
-            let t = consts
-                .ple_tables
-                .get(*table)
-                .ok_or_else(|| format!("no PLE table {table}"))?;
-            let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
-            let history = match &mut states[0] {
-                StateBuf::Tokens(h) => h,
-                _ => unreachable!(),
-            };
-            let ids = ple::ngram_ids(
-                tokens,
-                history,
-                eos,
-                *ngram,
-                *heads_per_ngram,
-                &t.multipliers,
-                &t.head_sizes,
-                &t.head_offsets,
-            );
+            let ids = ngram_ids(program, tokens, states, *ngram, *heads_per_ngram, *table)?;
             Ok(vec![Val::I64 {
                 rows: tokens.len(),
                 data: ids,
             }])
+        }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let tokens = inputs[0].i64();
+            let ids = ngram_ids(program, tokens, states, *ngram, *heads_per_ngram, *table)?;
+            check_ids(&ids, w[0])?;
+            one(tokens.len(), embed::gather(&ids, &w[0].data, w[0].shape[1]))
         }
         Op::PleGate { streams } => {
             let (key, rows) = inputs[0].f32();

@@ -217,6 +217,14 @@ pub enum Op<D> {
         heads_per_ngram: D,
         table: D,
     },
+    /// `PleNgramIds` then `Embed` as one op (fusion `ple_embed`): the tokens' n-gram ids
+    /// (history state, hash tables and eos as `PleNgramIds`), each id's row of the table
+    /// `[rows, d]` → `[T, (ngram-1)*heads_per_ngram*d]`; the ids are never stored.
+    PleEmbed {
+        ngram: D,
+        heads_per_ngram: D,
+        table: D,
+    },
     /// PLE gate: `key, query [T, C*H]`, `value [T, H]` → `sigmoid(ssqrt(<k,q>_s / sqrt(H))) * value`.
     PleGate {
         streams: D,
@@ -337,6 +345,7 @@ impl<D> Op<D> {
             Op::MoeRouter { .. } => "moe_router",
             Op::MoeExperts { .. } => "moe_experts",
             Op::PleNgramIds { .. } => "ple_ngram_ids",
+            Op::PleEmbed { .. } => "ple_embed",
             Op::PleGate { .. } => "ple_gate",
             Op::PleMix { .. } => "ple_mix",
             Op::LastRow => "last_row",
@@ -374,7 +383,8 @@ impl<D> Op<D> {
             | Op::LinearGroup { .. }
             | Op::MoeExperts { .. }
             | Op::Embed
-            | Op::EmbedStreams { .. } => true,
+            | Op::EmbedStreams { .. }
+            | Op::PleEmbed { .. } => true,
             Op::MoeSharedWrite { .. } => index == 0,
             Op::HcRead { .. } => index != 0,
             _ => false,
@@ -435,6 +445,7 @@ impl<D> Op<D> {
                 MoeRouter { top_k },
                 MoeExperts { experts, intermediate },
                 PleNgramIds { ngram, heads_per_ngram, table },
+                PleEmbed { ngram, heads_per_ngram, table },
                 PleGate { streams },
                 PleMix { streams, kernel, dilation },
                 HcMix { streams },

@@ -62,6 +62,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gated_attention"
         | "moe_router"
         | "ple_ngram_ids"
+        | "ple_embed"
         | "ple_gate"
         | "ple_mix"
         | "last_row"

@@ -411,6 +411,19 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(*ngram >= 2, || "ngram must be >= 2".into())?;
             Ok(vec![(I64, (ngram - 1) * heads_per_ngram)])
         }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let ids = Op::PleNgramIds {
+                ngram: *ngram,
+                heads_per_ngram: *heads_per_ngram,
+                table: *table,
+            };
+            let ids = infer(&ids, inputs, &[])?;
+            infer(&Op::Embed, &ids, weights)
+        }
         Op::PleGate { streams } => {
             expect_inputs(inputs, 3)?;
             let k = f32_input(inputs[0], "key")?;

@@ -1433,6 +1433,39 @@ fn launch_node<'v>(
             );
             vec![DVal::I64 { rows, buf: ids? }]
         }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let (toks, rows) = arg(0).i64();
+            let [multipliers, sizes, offsets] =
+                weights.ple.get(*table).ok_or_else(|| CudaError::Shape {
+                    kernel: "ple_embed".into(),
+                    msg: format!(
+                        "node `{}` names PLE hash table {table}, which the program lacks",
+                        node.name
+                    ),
+                })?;
+            let hash = launch::NgramHash {
+                eos: program.consts.ple_eos.unwrap_or(0),
+                ngram: *ngram,
+                heads_per_ngram: *heads_per_ngram,
+                multipliers,
+                sizes,
+                offsets,
+            };
+            let d = table_width(program, &node.weights[0]);
+            let y = launch::ple_embed(
+                gpu,
+                toks,
+                i64_state(&mut bufs[0]),
+                &hash,
+                weights.matrix(w(0))?,
+                d,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
         Op::PleGate { streams } => {
             let (key, rows) = arg(0).f32();
             vec![DVal::F32 {

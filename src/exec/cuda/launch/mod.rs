@@ -7,6 +7,7 @@ use super::device::{Buf, Gpu};
 use super::error::CudaError;
 
 pub mod attention;
+pub mod embed;
 pub mod gdn;
 pub mod layout;
 pub mod linear;
@@ -14,6 +15,7 @@ pub mod moe;
 pub mod ple;
 pub mod sampling;
 
+pub use embed::{embed, embed_streams, ple_embed, NgramHash};
 pub(crate) use linear::arg_matrix;
 pub use linear::{linear_hc_write, linear_mma, linear_rows, linear_tiled, DeviceMatrix};
 
@@ -189,76 +191,6 @@ pub fn rms_norm(
         .arg(&eps);
     // SAFETY: groups*group == x.len() == y.len(); w is indexed modulo its length.
     launched(kernel, unsafe { b.launch(cfg) })?;
-    Ok(y)
-}
-
-/// Gathers rows of `table [rows, d]` for each id.
-pub fn embed(
-    gpu: &Gpu,
-    ids: &CudaSlice<i64>,
-    table: &DeviceMatrix,
-    d: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = table.kernel("embed_reference");
-    let kernel = kernel_name.as_str();
-    shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
-        format!("table of {} values is not rows of {d}", table.len())
-    })?;
-    let f = gpu.function("embed.cu", kernel)?;
-    let count = ids.len();
-    let mut y = gpu.output::<f32>(count * d, kernel)?;
-    let (c64, d64) = (count as i64, d as i64);
-    let cfg = grid_for(count * d, 256);
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y).arg(ids);
-    arg_matrix(&mut b, table);
-    b.arg(&c64).arg(&d64);
-    // SAFETY: ids are in range (checked by callers: tokens by the session, n-gram ids by
-    // construction); y holds count*d floats.
-    launched(kernel, unsafe { b.launch(cfg) })?;
-    Ok(y)
-}
-
-/// [`embed`] then `layout::repeat_streams` in one launch (`Op::EmbedStreams`): for each of the
-/// `rows` rows of `ids [rows, n]`, its `n` rows of `table [.., d]` copied into each of `streams`
-/// streams → `[rows, streams*n*d]`.
-pub fn embed_streams(
-    gpu: &Gpu,
-    ids: &CudaSlice<i64>,
-    rows: usize,
-    table: &DeviceMatrix,
-    d: usize,
-    streams: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = table.kernel("embed_streams_reference");
-    let kernel = kernel_name.as_str();
-    shape(
-        kernel,
-        d > 0
-            && table.len().is_multiple_of(d)
-            && rows > 0
-            && !ids.is_empty()
-            && ids.len().is_multiple_of(rows)
-            && streams > 0,
-        || {
-            format!(
-                "table of {} values in rows of {d}; {} ids for {rows} rows; {streams} streams",
-                table.len(),
-                ids.len()
-            )
-        },
-    )?;
-    let f = gpu.function("embed.cu", kernel)?;
-    let count = ids.len();
-    let mut y = gpu.output::<f32>(count * d * streams, kernel)?;
-    let (r64, n64, d64, s64) = (rows as i64, (count / rows) as i64, d as i64, streams as i64);
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y).arg(ids);
-    arg_matrix(&mut b, table);
-    b.arg(&r64).arg(&n64).arg(&d64).arg(&s64);
-    // SAFETY: ids are in range (tokens checked by the session); a thread per gathered value
-    // (count*d of them) writes its `streams` copies inside y's count*d*streams floats.
-    launched(kernel, unsafe { b.launch(grid_for(count * d, 256)) })?;
     Ok(y)
 }
 
