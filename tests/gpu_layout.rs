@@ -205,6 +205,14 @@ fn layout_kernels_match_the_cpu_reference() {
                 let dnorm = gpu.upload(&norm, "norm").unwrap();
                 let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, Some(&ri), rows, c, 1e-6);
                 let winj = winj.unwrap();
+                // The launches `hc_read_exit` replaces (the norm, then hc_mix's two kernels),
+                // for the exit checks below: within the f32 bound, not bit for bit (the fused
+                // read sums inv·(h·(1 + w)·row) per stream, the unfused rounds hn first).
+                let hn_norm = launch::rms_norm(&gpu, &dhn, &dnorm, h, true, 1e-6).unwrap();
+                let unfused_exit = get(
+                    &gpu,
+                    &layout::hc_mix(&gpu, &hn_norm, &dd, &du, rows, c).unwrap(),
+                );
                 // Every first-kernel variant (outputs a block), the executor's
                 // (HcReadAct::CHOSEN) among them.
                 for v in HcReadAct::ALL {
@@ -230,6 +238,7 @@ fn layout_kernels_match_the_cpu_reference() {
                     let exit = get(&gpu, &exit);
                     let name = format!("hc_read_{}_{} exit x", v.name(), dtype(bf16));
                     report.check(&name, &sn, &exit, &wx);
+                    report.check(&format!("{name} vs unfused"), &sn, &exit, &unfused_exit);
                     report.same(&name, &sn, &exit, &x);
                 }
             }
