@@ -189,7 +189,9 @@ __device__ __forceinline__ void hc_mix_gate(float* y, const float* hn, const flo
 //                 for the gate kernel;
 //   hc_read_gate: as hc_mix_gate, forming hn from h, the stored inverse RMS and w.
 // R (1, 2 or 4) trades blocks for loads in flight per thread and for the row of h read once
-// per R outputs; `launch::layout::HcReadAct` picks it.
+// per R outputs; `launch::layout::HcReadAct` picks it. `gains` is C, or 0 for a read without
+// the injection (the exit's mixer, `Op::HcRead { inject: false }`): the outputs are then the R
+// activations alone, and `inject` and `inj` are never touched (the launcher passes null).
 #define HC_MAX_STREAMS 32
 // Chunks of the row each thread of the fixed path holds: the block has chunks / this threads.
 #define HC_ACT_CHUNKS 4
@@ -232,11 +234,11 @@ __device__ __forceinline__ bool hc_read_act_fixed_fits(const float* ht, const fl
 template <typename W, int C, int R>
 __device__ __forceinline__ void hc_read_act_fixed(float* act, float* inj, float* inv_out, const float* ht,
                                                   const float* w, const W* down, const W* inject, long width,
-                                                  long rank, long w_len, float eps) {
+                                                  long rank, long gains, long w_len, float eps) {
     constexpr int N = WeightVec<W>::N, K = HC_ACT_CHUNKS;
     __shared__ float part[R + 1][C][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long t = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + C;
+    const long t = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + gains;
     const long hid = width / C, chunks = width / N, per = hid / N;
     uint4 raw[R][K];
 #pragma unroll
@@ -319,7 +321,7 @@ __device__ __forceinline__ void hc_read_act_fixed(float* act, float* inj, float*
 template <typename W, int R>
 __device__ __forceinline__ void hc_read_act_general(float* act, float* inj, float* inv_out, const float* ht,
                                                     const float* w, const W* down, const W* inject, long streams,
-                                                    long width, long rank, long w_len, float eps) {
+                                                    long width, long rank, long gains, long w_len, float eps) {
     __shared__ float inv_s[HC_MAX_STREAMS];
     const long t = blockIdx.y, o0 = (long)blockIdx.x * R, hid = width / streams;
     for (long s = 0; s < streams; s++) {
@@ -330,7 +332,7 @@ __device__ __forceinline__ void hc_read_act_general(float* act, float* inj, floa
     }
     __syncthreads();
     if (o0 == 0 && threadIdx.x < streams) inv_out[t * streams + threadIdx.x] = inv_s[threadIdx.x];
-    for (long o = o0; o < o0 + R && o < rank + streams; o++) {
+    for (long o = o0; o < o0 + R && o < rank + gains; o++) {
         const W* row = (const W*)hc_read_row(down, inject, o, rank, width, sizeof(W));
         float acc = 0.0f;
         for (long ch = threadIdx.x; ch < width; ch += blockDim.x)
@@ -343,26 +345,26 @@ __device__ __forceinline__ void hc_read_act_general(float* act, float* inj, floa
 template <typename W, int R>
 __device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_out, const float* h, const float* w,
                                             const W* down, const W* inject, long streams, long width, long rank,
-                                            long w_len, float eps) {
+                                            long gains, long w_len, float eps) {
     const float* ht = h + (long)blockIdx.y * width;
     if (hc_read_act_fixed_fits<W>(ht, w, down, inject, streams, width, w_len))
-        hc_read_act_fixed<W, 4, R>(act, inj, inv_out, ht, w, down, inject, width, rank, w_len, eps);
+        hc_read_act_fixed<W, 4, R>(act, inj, inv_out, ht, w, down, inject, width, rank, gains, w_len, eps);
     else
-        hc_read_act_general<W, R>(act, inj, inv_out, ht, w, down, inject, streams, width, rank, w_len, eps);
+        hc_read_act_general<W, R>(act, inj, inv_out, ht, w, down, inject, streams, width, rank, gains, w_len, eps);
 }
 
 #define HC_READ_ACT_KERNEL(W, SUFFIX, R)                                                                      \
     extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
         hc_read_act_r##R##_##SUFFIX(float* act, float* inj, float* inv_out, const float* h, const float* w,   \
                                     const W* down, const W* inject, long streams, long width, long rank,      \
-                                    long w_len, float eps) {                                                  \
+                                    long gains, long w_len, float eps) {                                      \
         const long o0 = (long)blockIdx.x * R;                                                                 \
-        const long n = min((long)R, rank + streams - o0);                                                     \
+        const long n = min((long)R, rank + gains - o0);                                                       \
         if (threadIdx.x < n)                                                                                  \
             prefetch_weights(hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)),             \
                              width * (long)sizeof(W));                                                        \
         wait_for_producers();                                                                                 \
-        hc_read_act<W, R>(act, inj, inv_out, h, w, down, inject, streams, width, rank, w_len, eps);           \
+        hc_read_act<W, R>(act, inj, inv_out, h, w, down, inject, streams, width, rank, gains, w_len, eps);    \
     }
 
 #define HC_READ_KERNELS(W, SUFFIX)                                                                            \
@@ -394,8 +396,9 @@ HC_READ_KERNELS(bf16_t, bf16)
 // block reads hid values of h and of the norm weight (10 KB each at the real H 2560) instead of
 // C·hid, and the activation traffic from L2 shrinks R·C-fold against the one-output kernel
 // (which reads ~80 KB of activations and norm weight for each 20 KB weight row).
-//   hc_read_act_s{R}: block (b, s, t) writes part[(t·(R_all + C) + o)·C + s] = Σ_c h·(1 + w)·row_o
-//                     over stream s's channels for its outputs o = b·R .. (R_all = the rank);
+//   hc_read_act_s{R}: block (b, s, t) writes part[(t·(R_all + G) + o)·C + s] = Σ_c h·(1 + w)·row_o
+//                     over stream s's channels for its outputs o = b·R .. (R_all = the rank,
+//                     G = gains: C, or 0 without the injection);
 //                     block (0, s, t) also ssq[t·C + s] = Σ_c h² over them;
 //   hc_read_gate_s:   block (b, t) first forms the C inverse RMS and every output of row t,
 //                     d = Σ_s inv_s · part_s in stream order as hc_read_act_fixed does
@@ -406,11 +409,11 @@ HC_READ_KERNELS(bf16_t, bf16)
 template <typename W, int R>
 __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, const float* h, const float* w,
                                                    const W* down, const W* inject, long streams, long width,
-                                                   long rank, long w_len) {
+                                                   long rank, long gains, long w_len) {
     constexpr int N = WeightVec<W>::N;
     __shared__ float red[R + 1][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long t = blockIdx.z, s = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + streams;
+    const long t = blockIdx.z, s = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + gains;
     const long hid = width / streams;
     const float* hs = h + t * width + s * hid;
     const float* ws = w + (w_len == width ? s * hid : 0);
@@ -521,10 +524,11 @@ __device__ __forceinline__ void hc_read_gate_prefetch_up(uint4* raw, const W* up
 template <typename W>
 __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const float* h, const float* part,
                                                     const float* ssq, const float* w, const W* up, long streams,
-                                                    long hid, long rank, long w_len, float eps, const uint4* raw) {
+                                                    long hid, long rank, long gains, long w_len, float eps,
+                                                    const uint4* raw) {
     __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];
     __shared__ float inv_s[HC_MAX_STREAMS];
-    const long t = blockIdx.y, width = streams * hid, outs = rank + streams;
+    const long t = blockIdx.y, width = streams * hid, outs = rank + gains;
     const float* ht = h + t * width;
     const int lane = threadIdx.x & 31;
     const HcGateLane g = hc_gate_lane<W>(up, streams, hid, rank);
@@ -565,15 +569,16 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
 #define HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, R)                                                              \
     extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
         hc_read_act_s##R##_##SUFFIX(float* part, float* ssq, const float* h, const float* w, const W* down,   \
-                                    const W* inject, long streams, long width, long rank, long w_len) {       \
+                                    const W* inject, long streams, long width, long rank, long gains,         \
+                                    long w_len) {                                                             \
         const long o0 = (long)blockIdx.x * R, hid = width / streams;                                          \
-        const long n = min((long)R, rank + streams - o0);                                                     \
+        const long n = min((long)R, rank + gains - o0);                                                       \
         if (threadIdx.x < n)                                                                                  \
             prefetch_weights((const char*)hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)) + \
                                  blockIdx.y * hid * (long)sizeof(W),                                          \
                              hid * (long)sizeof(W));                                                          \
         wait_for_producers();                                                                                 \
-        hc_read_act_stream<W, R>(part, ssq, h, w, down, inject, streams, width, rank, w_len);                \
+        hc_read_act_stream<W, R>(part, ssq, h, w, down, inject, streams, width, rank, gains, w_len);         \
     }
 
 #define HC_READ_STREAM_KERNELS(W, SUFFIX)                                                                      \
@@ -581,7 +586,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 4)                                                                   \
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_s_##SUFFIX(                                         \
         float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
-        const W* up, long streams, long hid, long rank, long w_len, float eps) {                              \
+        const W* up, long streams, long hid, long rank, long gains, long w_len, float eps) {                  \
         const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
         if (threadIdx.x < streams && c0 < hid)                                                                \
             prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
@@ -589,7 +594,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         uint4 raw[HC_GATE_CHUNKS];                                                                            \
         hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
         wait_for_producers();                                                                                 \
-        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, w_len, eps, raw);            \
+        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw);     \
     }
 
 HC_READ_STREAM_KERNELS(float, f32)

@@ -13,6 +13,7 @@
 #include "common.cuh"
 #include "vec.cuh"
 #include "mma.cuh"
+#include "ngram.cuh"
 
 // The largest top k the router keeps per row (checked on the host).
 #define ROUTER_MAX_TOPK 64
@@ -887,55 +888,23 @@ extern "C" __global__ void moe_experts_expert_major_combine_f32(float* y, const 
     }
 }
 
-// Wrapping i64 multiplication (Rust's wrapping_mul): unsigned multiply, reinterpreted.
-__device__ __forceinline__ long long wrapping_mul_i64(long long a, long long b) {
-    return (long long)((unsigned long long)a * (unsigned long long)b);
-}
-
-// Rust's i64::rem_euclid (never negative); b == -1 gives 0 without the overflowing division.
-__device__ __forceinline__ long long rem_euclid_i64(long long a, long long b) {
-    if (b == -1) return 0;
-    const long long r = a % b;
-    return r < 0 ? (b < 0 ? r - b : r + b) : r;
-}
-
 // ids [rows, (ngram-1) * hpn]; history [ngram-1] (read, then replaced by the last ngram-1 ids of
 // history ++ tokens); tokens [rows]; multipliers [ngram]; sizes, offsets [(ngram-1) * hpn].
 // One block: the old history is copied into shared memory before anyone writes it. A thread per
 // (row, head), so that a decode step's 16 heads (each a 64-bit remainder after dependent loads)
 // run at once rather than one after another in one thread (8.3 us in the replayed graph:
 // results/2026-11-30-trace-baseline.log; 3.4 us after: results/2026-11-30-trace-ple-ids-hc-gate.log); each forms its n-gram's mix from the row's history.
+// The hashing is ngram.cuh's, shared with the fused ids + gather (embed.cu's ple_embed).
 extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long* history, const long long* tokens,
                                                        long rows, long long eos, int ngram, int hpn,
                                                        const long long* multipliers, const long long* sizes,
                                                        const long long* offsets) {
     wait_for_producers();
-    extern __shared__ long long old_history[];
+    __shared__ long long old_history[NGRAM_MAX_CTX];
     const int ctx = ngram - 1;
-    const int heads = ctx * hpn;
-    for (int i = threadIdx.x; i < ctx; i += blockDim.x) old_history[i] = history[i];
+    ngram_load_own_state(old_history, history, ctx);
+    const NgramArgs g{old_history, tokens, ctx, hpn, eos, multipliers, sizes, offsets};
+    for (long item = threadIdx.x; item < rows * ctx * hpn; item += blockDim.x) ids[item] = ngram_id(g, item);
     __syncthreads();
-    // hist(q): position q of history ++ tokens.
-#define HIST(q) ((q) < ctx ? old_history[(q)] : tokens[(q) - ctx])
-    const long len = ctx + rows;
-    for (long item = threadIdx.x; item < rows * heads; item += blockDim.x) {
-        const long p = ctx + item / heads;
-        const int h = (int)(item % heads), kh = h / hpn + 1;  // head h hashes the (kh+1)-gram
-        long long mix = wrapping_mul_i64(HIST(p), multipliers[0]);
-        bool cut = false;  // an eos strictly between p - k and p
-        for (int k = 1; k <= kh; k++) {
-            long long shifted;
-            if (k > p) {
-                shifted = eos;
-            } else {
-                if (k >= 2 && HIST(p - k + 1) == eos) cut = true;
-                shifted = cut ? eos : HIST(p - k);
-            }
-            mix ^= wrapping_mul_i64(shifted, multipliers[k]);
-        }
-        ids[(p - ctx) * heads + h] = rem_euclid_i64(mix, sizes[h]) + offsets[h];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ctx; i += blockDim.x) history[i] = HIST(len - ctx + i);
-#undef HIST
+    ngram_store_history(history, g, rows);
 }

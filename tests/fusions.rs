@@ -228,6 +228,9 @@ fn fusion_predicates_follow_the_device_and_the_step() {
             "linear_hc_write",
             "moe_shared_write",
             "hc_read",
+            "hc_read_exit",
+            "embed_streams",
+            "ple_embed",
             "gdn_gated_recurrence",
             "gdn_normed_recurrence",
             "gated_attention",
@@ -266,6 +269,13 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     );
     let cuda_9 = fired(Cuda, Phase::Prefill, 9);
     assert_eq!(cuda_9["linear_hc_write"], 0, "{cuda_9:?}");
+    // The hyper-connection reads, the exit's too: a block per activation and row, up to 8 rows.
+    assert!(
+        cuda_8["hc_read"] > 0 && cuda_8["hc_read_exit"] == 1,
+        "{cuda_8:?}"
+    );
+    assert_eq!(cuda_9["hc_read"] + cuda_9["hc_read_exit"], 0, "{cuda_9:?}");
+    assert_eq!(cpu_long["hc_read_exit"], 1, "{cpu_long:?}");
     // The PLE mix: a block per stream over the step's rows in order, up to 8 rows on CUDA.
     assert!(cuda_8["ple_mix"] > 0, "{cuda_8:?}");
     assert_eq!(cuda_9["ple_mix"], 0, "{cuda_9:?}");
@@ -288,6 +298,8 @@ fn fusion_predicates_follow_the_device_and_the_step() {
     }
     assert!(
         cuda_64["sigmoid_gated_add"] > 0
+            && cuda_64["embed_streams"] == 1
+            && cuda_64["ple_embed"] > 0
             && cuda_64["hc_inject"] > 0
             && cuda_64["gdn_gated_recurrence"] > 0
             && cuda_64["gated_attention"] > 0,
@@ -406,4 +418,70 @@ fn a_pattern_output_index_binds_only_that_output() {
     f.pattern[1].args = vec!["$qkv".into(), "gates.1".into(), "gates.0".into()];
     let swapped = lower(&plan, &graphs, &opts).unwrap();
     assert_eq!(swapped.fusion_counts["gdn_gated_recurrence"], 0);
+}
+
+/// A dimension variable (`"$hash"` in `ple_embed`'s `exact`) binds the matched node's value and
+/// the fused op takes it: the model with PLE at layers 1 and 3 has two hash tables, and each
+/// layer's fused node keeps its own (the ids node's state too). A replacement naming a variable
+/// no `exact` binds, or a variable inside an expression, is an error naming the fusion.
+#[test]
+fn a_dimension_variable_carries_each_layers_table() {
+    let plan = ModelPlan::from_file(
+        &common::repo().join("tests/fixtures/tiny-composite-bf16/config.json"),
+    )
+    .unwrap();
+    let mut graphs = GraphSet::embedded().unwrap();
+    let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    let tables = |p: &Program, kind: &str| -> Vec<(String, usize, Vec<String>)> {
+        p.nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::PleNgramIds { table, .. } | Op::PleEmbed { table, .. }
+                    if n.op.kind() == kind =>
+                {
+                    // The layer, from the node's name (`blk.3.ple.ids`).
+                    let layer = n.name.split('.').nth(1).unwrap_or("").to_string();
+                    Some((layer, table, n.states.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let mut plain_opts = opts.clone();
+    plain_opts.fusions = Some(vec![]);
+    let plain = lower(&plan, &graphs, &plain_opts).unwrap().program;
+    let fused = lower(&plan, &graphs, &opts).unwrap().program;
+    let want = tables(&plain, "ple_ngram_ids");
+    assert_eq!(want.len(), 2, "{want:?}");
+    assert_ne!(want[0].1, want[1].1, "two layers, two tables: {want:?}");
+    assert_eq!(tables(&fused, "ple_embed"), want);
+    assert!(tables(&fused, "ple_ngram_ids").is_empty());
+
+    let f = graphs
+        .fusions
+        .iter_mut()
+        .find(|f| f.name == "ple_embed")
+        .unwrap();
+    f.replace.op = Op::PleEmbed {
+        ngram: graphrun::ir::Sym::Name("$ngram".into()),
+        heads_per_ngram: graphrun::ir::Sym::Name("$hpn".into()),
+        table: graphrun::ir::Sym::Name("$nowhere".into()),
+    };
+    let err = lower(&plan, &graphs, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("ple_embed") && err.contains("$nowhere"),
+        "{err}"
+    );
+    let f = graphs
+        .fusions
+        .iter_mut()
+        .find(|f| f.name == "ple_embed")
+        .unwrap();
+    f.replace.op = Op::PleEmbed {
+        ngram: graphrun::ir::Sym::Name("$ngram".into()),
+        heads_per_ngram: graphrun::ir::Sym::Name("$hpn*2".into()),
+        table: graphrun::ir::Sym::Name("$hash".into()),
+    };
+    let err = lower(&plan, &graphs, &opts).unwrap_err().to_string();
+    assert!(err.contains("ple_embed") && err.contains("$hpn*2"), "{err}");
 }

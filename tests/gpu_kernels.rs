@@ -547,6 +547,64 @@ fn kernels_match_the_cpu_reference() {
             &want,
         );
     }
+
+    // The token embedding entering the streams (fusion `embed_streams`): against the CPU's
+    // gather + repeat and, bit for bit, the unfused launches (copies both). (table rows, d,
+    // step rows, ids a row, streams, bf16): tiny and odd, and the real vocabulary into 4 streams
+    // at a decode step and a 16-token chunk.
+    for (table_rows, d, rows, n, c, bf16) in [
+        (99, 16, 3, 1, 4, false),
+        (152, 5, 4, 2, 3, true),
+        (248_320, 2560, 1, 1, 4, true),
+        (248_320, 2560, 16, 1, 4, true),
+    ] {
+        let table = random(&mut rng, table_rows * d);
+        let ids: Vec<i64> = (0..rows * n)
+            .map(|_| rng.random_range(0..table_rows as i64))
+            .collect();
+        let di = gpu.upload(&ids, "ids").unwrap();
+        let (dt, widened) = if bf16 {
+            let bits = bf16_bits(&table);
+            let widened = widen(&bits);
+            (
+                DeviceMatrix::Bf16(gpu.upload(&bits, "table").unwrap()),
+                widened,
+            )
+        } else {
+            (
+                DeviceMatrix::F32(gpu.upload(&table, "table").unwrap()),
+                table,
+            )
+        };
+        let want = embed::gather_streams(&ids, &widened, d, rows, c);
+        let got = gpu
+            .download(
+                &launch::embed_streams(&gpu, &di, rows, &dt, d, c).unwrap(),
+                "y",
+            )
+            .unwrap();
+        let e = launch::embed(&gpu, &di, &dt, d).unwrap();
+        let plain = gpu
+            .download(
+                &launch::layout::repeat_streams(&gpu, &e, rows, c).unwrap(),
+                "y",
+            )
+            .unwrap();
+        let what = format!(
+            "embed_streams_reference_{}",
+            if bf16 { "bf16" } else { "f32" }
+        );
+        let shape = format!("{table_rows}x{d} T{rows} ids {n} C{c}");
+        report.check(&what, &shape, &got, &want);
+        report.same(&format!("{what} vs unfused"), &shape, &got, &plain);
+    }
+    let short = gpu.upload(&[0i64; 3], "ids").unwrap();
+    let table = DeviceMatrix::F32(gpu.upload(&[0.0f32; 32], "table").unwrap());
+    let err = launch::embed_streams(&gpu, &short, 2, &table, 16, 4).expect_err("3 ids, 2 rows");
+    assert!(
+        err.to_string().contains("embed_streams_reference_f32"),
+        "{err}"
+    );
     gpu.sync("the kernel checks").unwrap();
     println!(
         "{} checks passed; compiled this run: {:?}",

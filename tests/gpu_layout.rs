@@ -203,26 +203,43 @@ fn layout_kernels_match_the_cpu_reference() {
             for norm_len in [width, h] {
                 let norm = random(&mut rng, norm_len);
                 let dnorm = gpu.upload(&norm, "norm").unwrap();
-                let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, &ri, rows, c, 1e-6);
+                let (wx, winj) = hyper::hc_read(&hn, &norm, &rd, &ru, Some(&ri), rows, c, 1e-6);
+                let winj = winj.unwrap();
+                // The launches `hc_read_exit` replaces (the norm, then hc_mix's two kernels),
+                // for the exit checks below: within the f32 bound, not bit for bit (the fused
+                // read sums inv·(h·(1 + w)·row) per stream, the unfused rounds hn first).
+                let hn_norm = launch::rms_norm(&gpu, &dhn, &dnorm, h, true, 1e-6).unwrap();
+                let unfused_exit = get(
+                    &gpu,
+                    &layout::hc_mix(&gpu, &hn_norm, &dd, &du, rows, c).unwrap(),
+                );
                 // Every first-kernel variant (outputs a block), the executor's
                 // (HcReadAct::CHOSEN) among them.
                 for v in HcReadAct::ALL {
                     let (x, inj) =
-                        layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, &di, rows, c, 1e-6, v)
+                        layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, Some(&di), rows, c, 1e-6, v)
                             .unwrap();
                     let sn = format!("{s} norm{norm_len} {}", v.name());
-                    report.check(
-                        &format!("hc_read_gate_{} x", dtype(bf16)),
-                        &sn,
-                        &get(&gpu, &x),
-                        &wx,
-                    );
+                    let x = get(&gpu, &x);
+                    report.check(&format!("hc_read_gate_{} x", dtype(bf16)), &sn, &x, &wx);
                     report.check(
                         &format!("hc_read_act_{}_{} inj", v.name(), dtype(bf16)),
                         &sn,
-                        &get(&gpu, &inj),
+                        &get(&gpu, &inj.expect("gains with inject")),
                         &winj,
                     );
+                    // The exit's read (fusion `hc_read_exit`: no injection): the CPU reference's
+                    // mix, and the same bits as the read with gains (the R activations are the
+                    // same blocks' sums in the same order; the gains only add blocks).
+                    let (exit, none) =
+                        layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, None, rows, c, 1e-6, v)
+                            .unwrap();
+                    assert!(none.is_none(), "gains from a read without inject");
+                    let exit = get(&gpu, &exit);
+                    let name = format!("hc_read_{}_{} exit x", v.name(), dtype(bf16));
+                    report.check(&name, &sn, &exit, &wx);
+                    report.check(&format!("{name} vs unfused"), &sn, &exit, &unfused_exit);
+                    report.same(&name, &sn, &exit, &x);
                 }
             }
         }
@@ -573,10 +590,34 @@ fn layout_shape_errors_name_the_kernel() {
         by_stream: false,
     };
     let err = layout::hc_read(
-        &gpu, &h, &norm, &bf16_w, &bf16_w, &inject, 1, 4, 1e-6, three,
+        &gpu,
+        &h,
+        &norm,
+        &bf16_w,
+        &bf16_w,
+        Some(&inject),
+        1,
+        4,
+        1e-6,
+        three,
     )
     .expect_err("no such variant");
     assert!(err.to_string().contains("hc_read_act"), "{err}");
+    // The same read with f32 gains beside bf16 mix weights: one kernel takes one type.
+    let err = layout::hc_read(
+        &gpu,
+        &h,
+        &norm,
+        &bf16_w,
+        &bf16_w,
+        Some(&f32_w),
+        1,
+        4,
+        1e-6,
+        HcReadAct::CHOSEN,
+    )
+    .expect_err("mixed weight types");
+    assert!(err.to_string().contains("hc_read_gate_s_bf16"), "{err}");
 
     // The PLE mix over h [1, 4 streams x 3], kernel 4, dilation 3: a window of 8 rows where 9
     // are wanted, then a bad norm weight.

@@ -14,7 +14,8 @@
 //! among the top k + 1 are drawn again, deliberate ties are exact in both). Experts within 1e-5
 //! relative (‖gpu − cpu‖ / ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against
 //! the reference on the same bf16 values widened; n-gram ids and the carried history exactly
-//! equal.
+//! equal, and so the fused ids + gather (`ple_embed_*`, kernels/embed.cu) against the CPU and the
+//! unfused launches.
 
 mod common;
 
@@ -22,9 +23,9 @@ use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::moe::RouterPaths;
-use graphrun::exec::cuda::launch::{layout, moe as gmoe, DeviceMatrix};
+use graphrun::exec::cuda::launch::{self, layout, moe as gmoe, DeviceMatrix};
 use graphrun::exec::cuda::{CudaError, Gpu, ReadyInputs};
-use graphrun::ops::{moe, ple};
+use graphrun::ops::{embed, moe, ple};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -823,4 +824,174 @@ fn ngram_ids_match_the_reference() {
         println!("ple_ngram_ids_reference_i64  random, ngram {ngram} hpn {hpn}: equal");
     }
     gpu.sync("the n-gram checks").unwrap();
+}
+
+impl Ngram {
+    /// The structure of `real()` (or any ngram, hpn) with the multipliers given and sizes drawn
+    /// below `max_size`, so that a table with a row for every id fits in a test.
+    fn sized(
+        rng: &mut ChaCha8Rng,
+        eos: i64,
+        multipliers: Vec<i64>,
+        hpn: usize,
+        max_size: i64,
+    ) -> Ngram {
+        let ngram = multipliers.len();
+        let sizes: Vec<i64> = (0..(ngram - 1) * hpn)
+            .map(|_| rng.random_range(2..max_size))
+            .collect();
+        Ngram {
+            eos,
+            ngram,
+            hpn,
+            multipliers,
+            offsets: prefix_sums(&sizes),
+            sizes,
+        }
+    }
+
+    /// Rows of a table with a row for every id.
+    fn table_rows(&self) -> usize {
+        (self.offsets.last().unwrap() + self.sizes.last().unwrap()) as usize
+    }
+}
+
+/// The fused n-gram ids and gather (`ple_embed_*`, kernels/embed.cu) over consecutive steps of a
+/// sequence, the token history carried in a device buffer: each step's rows bit for bit the
+/// CPU's (`ple::ngram_ids`, then `embed::gather`: copies) and the unfused launches' (the ids
+/// kernel, then `launch::embed`), and the history after every step the same in all three. Every
+/// other step runs ahead (its tokens ready: hashed and gathered before the wait), for the same
+/// bits. Configurations: the spec's tiny one, random ones (ngram 2 to 6), and the real layer's
+/// (ngram 3, 8 heads an order, rows of 160, its multipliers; sizes drawn small so that the table
+/// fits: the real 320M rows would not), f32 and bf16 tables; steps of 1 token (decode), 2, 8 and
+/// 700 (thousands of blocks, every block's ids straddling items), eos frequent.
+#[test]
+fn ple_embed_matches_the_reference_over_steps() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(0x91e_e3bd);
+    let real = Ngram::real();
+    let mut configs = vec![(Ngram::tiny(), 8usize)];
+    for (ngram, hpn, d) in [(2, 1, 3), (4, 3, 16), (6, 2, 7)] {
+        let multipliers = (0..ngram).map(|_| rng.random::<i64>() | 1).collect();
+        configs.push((Ngram::sized(&mut rng, 2, multipliers, hpn, 500), d));
+    }
+    configs.push((
+        Ngram::sized(&mut rng, real.eos, real.multipliers.clone(), 8, 5000),
+        160,
+    ));
+    let steps = [1usize, 1, 2, 8, 1, 700, 1, 3];
+    for (cfg, d) in &configs {
+        let d = *d;
+        let heads = (cfg.ngram - 1) * cfg.hpn;
+        let table = random(&mut rng, cfg.table_rows() * d);
+        let (m, s, o) = (
+            gpu.upload(&cfg.multipliers, "multipliers").unwrap(),
+            gpu.upload(&cfg.sizes, "sizes").unwrap(),
+            gpu.upload(&cfg.offsets, "offsets").unwrap(),
+        );
+        let hash = launch::NgramHash {
+            eos: cfg.eos,
+            ngram: cfg.ngram,
+            heads_per_ngram: cfg.hpn,
+            multipliers: &m,
+            sizes: &s,
+            offsets: &o,
+        };
+        for bf16 in [false, true] {
+            let (dt, widened) = if bf16 {
+                let bits = bf16_bits(&table);
+                let w = widen(&bits);
+                (DeviceMatrix::Bf16(gpu.upload(&bits, "table").unwrap()), w)
+            } else {
+                (
+                    DeviceMatrix::F32(gpu.upload(&table, "table").unwrap()),
+                    table.clone(),
+                )
+            };
+            let start = vec![cfg.eos; cfg.ngram - 1];
+            let mut history = start.clone();
+            let mut fused_history = gpu.upload(&start, "history").unwrap();
+            let mut plain_history = gpu.upload(&start, "history").unwrap();
+            for (k, &rows) in steps.iter().enumerate() {
+                let tokens: Vec<i64> = (0..rows)
+                    .map(|_| match rng.random_range(0..6) {
+                        0 => cfg.eos,
+                        _ => rng.random_range(0..250_000),
+                    })
+                    .collect();
+                let ids = cfg.cpu(&tokens, &mut history);
+                let want = embed::gather(&ids, &widened, d);
+                let dtok = gpu.upload(&tokens, "tokens").unwrap();
+                let ahead = k % 2 == 1;
+                if ahead {
+                    gpu.set_ready_inputs(ReadyInputs::ALL);
+                }
+                let fused =
+                    launch::ple_embed(&gpu, &dtok, &mut fused_history, &hash, &dt, d).unwrap();
+                let fused = gpu.download(&fused, "emb").unwrap();
+                let plain_ids = gmoe::ple_ngram_ids(
+                    &gpu,
+                    &dtok,
+                    &mut plain_history,
+                    rows,
+                    cfg.eos,
+                    cfg.ngram,
+                    cfg.hpn,
+                    &m,
+                    &s,
+                    &o,
+                )
+                .unwrap();
+                let plain = gpu
+                    .download(&launch::embed(&gpu, &plain_ids, &dt, d).unwrap(), "emb")
+                    .unwrap();
+                let what = format!(
+                    "ngram {} hpn {} d {d} {} step {k} ({rows} rows{})",
+                    cfg.ngram,
+                    cfg.hpn,
+                    if bf16 { "bf16" } else { "f32" },
+                    if ahead { ", ahead" } else { "" }
+                );
+                assert_eq!(fused.len(), rows * heads * d, "{what}");
+                assert!(bits(&fused) == bits(&want), "{what}: fused != the CPU's");
+                assert!(bits(&fused) == bits(&plain), "{what}: fused != unfused");
+                let got = gpu.download(&fused_history, "history").unwrap();
+                assert_eq!(got, history, "{what}: history");
+                assert_eq!(
+                    gpu.download(&plain_history, "history").unwrap(),
+                    history,
+                    "{what}: unfused history"
+                );
+            }
+            println!(
+                "ple_embed_{}  ngram {} hpn {} d {d}: {} steps equal to the CPU and the unfused launches",
+                if bf16 { "bf16" } else { "f32" },
+                cfg.ngram,
+                cfg.hpn,
+                steps.len()
+            );
+        }
+    }
+
+    // Bad shapes are errors naming the kernel: a history of the wrong length.
+    let t = gpu.upload(&[5i64], "tokens").unwrap();
+    let mut short = gpu.upload(&[2i64], "history").unwrap();
+    let tiny = Ngram::tiny();
+    let (m, s, o) = (
+        gpu.upload(&tiny.multipliers, "m").unwrap(),
+        gpu.upload(&tiny.sizes, "s").unwrap(),
+        gpu.upload(&tiny.offsets, "o").unwrap(),
+    );
+    let hash = launch::NgramHash {
+        eos: 2,
+        ngram: 3,
+        heads_per_ngram: 2,
+        multipliers: &m,
+        sizes: &s,
+        offsets: &o,
+    };
+    let table = DeviceMatrix::F32(gpu.upload(&[0.0f32; 152 * 4], "table").unwrap());
+    let err = launch::ple_embed(&gpu, &t, &mut short, &hash, &table, 4).expect_err("history of 1");
+    assert!(err.to_string().contains("ple_embed_f32"), "{err}");
+    gpu.sync("the PLE gather checks").unwrap();
 }

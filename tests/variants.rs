@@ -35,6 +35,7 @@ const COVERED: &[&str] = &["linear", "moe_experts"];
 fn all_multi_variant_ops_are_covered() {
     let kinds = [
         "embed",
+        "embed_streams",
         "repeat_streams",
         "rms_norm",
         "linear",
@@ -58,6 +59,7 @@ fn all_multi_variant_ops_are_covered() {
         "moe_router",
         "moe_experts",
         "ple_ngram_ids",
+        "ple_embed",
         "ple_gate",
         "last_row",
         "swiglu_linear",

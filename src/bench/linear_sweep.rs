@@ -197,7 +197,8 @@ fn hc_read_shapes(program: &Program) -> BTreeSet<(usize, usize, usize, usize)> {
         .nodes
         .iter()
         .filter_map(|n| match n.op {
-            Op::HcRead { streams } => {
+            // The exit's read (no injection) has a layer read's shape: swept with the gains.
+            Op::HcRead { streams, .. } => {
                 let rank = shape(&n.weights[1])?.first().copied()?;
                 let norm = shape(&n.weights[0])?.iter().product();
                 Some((width(&n.inputs[0]), rank, streams, norm))
@@ -228,7 +229,19 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
             let us = time_back_to_back(gpu, launches, &|i| {
                 gpu.next_node_scratch();
                 let (d, u) = (&row_sets[i % row_sets.len()], &up_sets[i % up_sets.len()]);
-                hc_read(gpu, &h, &norm, &d[0], &u[0], &d[1], 1, streams, 1e-6, v).map(drop)
+                hc_read(
+                    gpu,
+                    &h,
+                    &norm,
+                    &d[0],
+                    &u[0],
+                    Some(&d[1]),
+                    1,
+                    streams,
+                    1e-6,
+                    v,
+                )
+                .map(drop)
             })?;
             rows.push(SweepRow {
                 kernel: "hc_read (act + gate)".to_string(),

@@ -398,8 +398,16 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
                 c.expert_weights += size(w) * 2 * k / *experts as u64;
             }
         }
-        Op::Embed => {
-            let ids = program.value(&node.inputs[0]).map(|v| v.width).unwrap_or(1) as u64;
+        // The gathered rows, not the table (a copy per stream is written, not read).
+        Op::Embed | Op::EmbedStreams { .. } | Op::PleEmbed { .. } => {
+            let ids = match &node.op {
+                Op::PleEmbed {
+                    ngram,
+                    heads_per_ngram,
+                    ..
+                } => ngram.saturating_sub(1) * heads_per_ngram,
+                _ => program.value(&node.inputs[0]).map_or(1, |v| v.width),
+            } as u64;
             let d = program
                 .weights
                 .iter()

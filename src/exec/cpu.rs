@@ -201,6 +201,56 @@ fn append_and_attend(
     out
 }
 
+/// A gather's ids and row count, every id checked against the table's rows.
+fn table_ids<'v>(ids: &'v Val, table: &WeightTensor) -> Result<(&'v [i64], usize), String> {
+    let rows = match ids {
+        Val::I64 { rows, .. } => *rows,
+        _ => unreachable!("validated programs feed i64 ids"),
+    };
+    check_ids(ids.i64(), table)?;
+    Ok((ids.i64(), rows))
+}
+
+fn check_ids(ids: &[i64], table: &WeightTensor) -> Result<(), String> {
+    let table_rows = table.shape[0] as i64;
+    match ids.iter().find(|&&i| i < 0 || i >= table_rows) {
+        Some(bad) => Err(format!("id {bad} is outside the table's {table_rows} rows")),
+        None => Ok(()),
+    }
+}
+
+/// The PLE n-gram ids of `tokens` with the node's history (`states[0]`, updated), from the
+/// program's hash table `table` and eos.
+fn ngram_ids(
+    program: &Program,
+    tokens: &[i64],
+    states: &mut [StateBuf],
+    ngram: usize,
+    heads_per_ngram: usize,
+    table: usize,
+) -> Result<Vec<i64>, String> {
+    let consts = &program.consts;
+    let t = consts
+        .ple_tables
+        .get(table)
+        .ok_or_else(|| format!("no PLE table {table}"))?;
+    let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
+    let history = match &mut states[0] {
+        StateBuf::Tokens(h) => h,
+        _ => unreachable!("validated programs give the n-gram ids their token history"),
+    };
+    Ok(ple::ngram_ids(
+        tokens,
+        history,
+        eos,
+        ngram,
+        heads_per_ngram,
+        &t.multipliers,
+        &t.head_sizes,
+        &t.head_offsets,
+    ))
+}
+
 fn exec_node(
     program: &Program,
     node: &Node,
@@ -214,17 +264,16 @@ fn exec_node(
     let one = |rows: usize, data: Vec<f32>| Ok(vec![Val::F32 { rows, data }]);
     match &node.op {
         Op::Embed => {
-            let ids = inputs[0].i64();
-            let rows = match inputs[0] {
-                Val::I64 { rows, .. } => *rows,
-                _ => unreachable!(),
-            };
+            let (ids, rows) = table_ids(inputs[0], w[0])?;
+            one(rows, embed::gather(ids, &w[0].data, w[0].shape[1]))
+        }
+        Op::EmbedStreams { streams } => {
+            let (ids, rows) = table_ids(inputs[0], w[0])?;
             let d = w[0].shape[1];
-            let table_rows = w[0].shape[0] as i64;
-            if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= table_rows) {
-                return Err(format!("id {bad} is outside the table's {table_rows} rows"));
-            }
-            one(rows, embed::gather(ids, &w[0].data, d))
+            one(
+                rows,
+                embed::gather_streams(ids, &w[0].data, d, rows, *streams),
+            )
         }
         Op::RepeatStreams { streams } => {
             let (x, rows) = inputs[0].f32();
@@ -529,29 +578,21 @@ fn exec_node(
             table,
         } => {
             let tokens = inputs[0].i64();
-            let t = consts
-                .ple_tables
-                .get(*table)
-                .ok_or_else(|| format!("no PLE table {table}"))?;
-            let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
-            let history = match &mut states[0] {
-                StateBuf::Tokens(h) => h,
-                _ => unreachable!(),
-            };
-            let ids = ple::ngram_ids(
-                tokens,
-                history,
-                eos,
-                *ngram,
-                *heads_per_ngram,
-                &t.multipliers,
-                &t.head_sizes,
-                &t.head_offsets,
-            );
+            let ids = ngram_ids(program, tokens, states, *ngram, *heads_per_ngram, *table)?;
             Ok(vec![Val::I64 {
                 rows: tokens.len(),
                 data: ids,
             }])
+        }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let tokens = inputs[0].i64();
+            let ids = ngram_ids(program, tokens, states, *ngram, *heads_per_ngram, *table)?;
+            check_ids(&ids, w[0])?;
+            one(tokens.len(), embed::gather(&ids, &w[0].data, w[0].shape[1]))
         }
         Op::PleGate { streams } => {
             let (key, rows) = inputs[0].f32();
@@ -625,15 +666,16 @@ fn exec_node(
             let (b, a) = (inputs[1].f32().0, inputs[2].f32().0);
             one(rows, linear::sigmoid_gated_add(x, &w[0].data, b, a, rows))
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             let (h, rows) = inputs[0].f32();
+            let gains = inject.then(|| w[3].data.as_slice());
             let (x, inj) = hyper::hc_read(
-                h, &w[0].data, &w[1].data, &w[2].data, &w[3].data, rows, *streams, eps,
+                h, &w[0].data, &w[1].data, &w[2].data, gains, rows, *streams, eps,
             );
-            Ok(vec![
-                Val::F32 { rows, data: x },
-                Val::F32 { rows, data: inj },
-            ])
+            Ok(std::iter::once(x)
+                .chain(inj)
+                .map(|data| Val::F32 { rows, data })
+                .collect())
         }
         Op::HcInject { streams } => {
             let (hn, rows) = inputs[0].f32();

@@ -38,6 +38,12 @@ pub enum Op<D> {
     RepeatStreams {
         streams: D,
     },
+    /// `Embed` then `RepeatStreams` as one op (fusion `embed_streams`): ids `[T, n]` (i64), table
+    /// `[rows, d]` → `[T, streams*n*d]`, every stream of a row a copy of its `n` table rows (the
+    /// token embedding entering the hyper-connection streams).
+    EmbedStreams {
+        streams: D,
+    },
     /// RMS over groups of `group` channels; weight is `[width]` or `[group]` (shared by groups).
     /// `unit_offset`: scale by `(1 + w)` instead of `w`. eps comes from the program constants.
     RmsNorm {
@@ -211,6 +217,14 @@ pub enum Op<D> {
         heads_per_ngram: D,
         table: D,
     },
+    /// `PleNgramIds` then `Embed` as one op (fusion `ple_embed`): the tokens' n-gram ids
+    /// (history state, hash tables and eos as `PleNgramIds`), each id's row of the table
+    /// `[rows, d]` → `[T, (ngram-1)*heads_per_ngram*d]`; the ids are never stored.
+    PleEmbed {
+        ngram: D,
+        heads_per_ngram: D,
+        table: D,
+    },
     /// PLE gate: `key, query [T, C*H]`, `value [T, H]` → `sigmoid(ssqrt(<k,q>_s / sqrt(H))) * value`.
     PleGate {
         streams: D,
@@ -238,8 +252,11 @@ pub enum Op<D> {
     /// Fused hyper-connection read: `hn = rms_norm(h)` per stream (unit offset) feeding both
     /// `HcMix` and `HcInject`, in one node with two outputs `x [T, H]` and `inj [T, C]`: arg
     /// `h [T, C*H]`; weights `norm [C*H or H]`, `down [R, C*H]`, `up [C*H, R]`, `inject [C, C*H]`.
+    /// Without `inject` (fusion `hc_read_exit`: the model's final mixer, which has no gains) the
+    /// node has the first three weights and the one output `x`.
     HcRead {
         streams: D,
+        inject: bool,
     },
     /// Fused injection gate: `2 * sigmoid(hn·Winjᵀ / C)`.
     HcInject {
@@ -297,6 +314,7 @@ impl<D> Op<D> {
         match self {
             Op::Embed => "embed",
             Op::RepeatStreams { .. } => "repeat_streams",
+            Op::EmbedStreams { .. } => "embed_streams",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear => "linear",
             Op::DivBy { .. } => "div_by",
@@ -327,6 +345,7 @@ impl<D> Op<D> {
             Op::MoeRouter { .. } => "moe_router",
             Op::MoeExperts { .. } => "moe_experts",
             Op::PleNgramIds { .. } => "ple_ngram_ids",
+            Op::PleEmbed { .. } => "ple_embed",
             Op::PleGate { .. } => "ple_gate",
             Op::PleMix { .. } => "ple_mix",
             Op::LastRow => "last_row",
@@ -363,7 +382,9 @@ impl<D> Op<D> {
             | Op::LinearHcWrite { .. }
             | Op::LinearGroup { .. }
             | Op::MoeExperts { .. }
-            | Op::Embed => true,
+            | Op::Embed
+            | Op::EmbedStreams { .. }
+            | Op::PleEmbed { .. } => true,
             Op::MoeSharedWrite { .. } => index == 0,
             Op::HcRead { .. } => index != 0,
             _ => false,
@@ -373,9 +394,10 @@ impl<D> Op<D> {
     /// `None` for an op whose output count is one of its dimensions (`LinearGroup`'s parts).
     pub fn num_outputs(&self) -> Option<usize> {
         match self {
-            Op::GdnGates | Op::SplitQGate { .. } | Op::MoeRouter { .. } | Op::HcRead { .. } => {
-                Some(2)
-            }
+            Op::GdnGates
+            | Op::SplitQGate { .. }
+            | Op::MoeRouter { .. }
+            | Op::HcRead { inject: true, .. } => Some(2),
             Op::LinearGroup { .. } => None,
             _ => Some(1),
         }
@@ -399,6 +421,7 @@ impl<D> Op<D> {
             ];
             dims: [
                 RepeatStreams { streams },
+                EmbedStreams { streams },
                 RmsNorm { group; unit_offset },
                 DivBy { by },
                 MulBy { by },
@@ -422,11 +445,12 @@ impl<D> Op<D> {
                 MoeRouter { top_k },
                 MoeExperts { experts, intermediate },
                 PleNgramIds { ngram, heads_per_ngram, table },
+                PleEmbed { ngram, heads_per_ngram, table },
                 PleGate { streams },
                 PleMix { streams, kernel, dilation },
                 HcMix { streams },
                 HcInject { streams },
-                HcRead { streams },
+                HcRead { streams; inject },
                 LinearHcWrite { streams },
                 LinearGroup { parts },
                 MoeSharedWrite { streams },

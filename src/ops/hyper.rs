@@ -29,23 +29,23 @@ pub fn hc_mix(hn: &[f32], down: &[f32], up: &[f32], tokens: usize, streams: usiz
 }
 
 /// The fused hyper-connection read: `hn = rms_norm(h)` per stream of `H` channels (unit offset),
-/// then `(hc_mix(hn), hc_inject(hn))`, as unfused.
+/// then `(hc_mix(hn), hc_inject(hn))`, as unfused; without `inject` (the exit mixer) only the mix.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_read(
     h: &[f32],
     norm: &[f32],
     down: &[f32],
     up: &[f32],
-    inject: &[f32],
+    inject: Option<&[f32]>,
     tokens: usize,
     streams: usize,
     eps: f32,
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Option<Vec<f32>>) {
     let hid = h.len() / tokens / streams;
     let hn = super::norm::rms_norm(h, norm, hid, true, eps);
     (
         hc_mix(&hn, down, up, tokens, streams),
-        hc_inject(&hn, inject, tokens, streams),
+        inject.map(|w| hc_inject(&hn, w, tokens, streams)),
     )
 }
 

@@ -32,6 +32,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         "linear" => &["rows", "tiled"],
         "moe_experts" => &["token_major", "expert_major"],
         "embed"
+        | "embed_streams"
         | "repeat_streams"
         | "rms_norm"
         | "div_by"
@@ -61,6 +62,7 @@ pub fn variants(kind: &str) -> &'static [&'static str] {
         | "gated_attention"
         | "moe_router"
         | "ple_ngram_ids"
+        | "ple_embed"
         | "ple_gate"
         | "ple_mix"
         | "last_row"

@@ -51,6 +51,11 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_inputs(inputs, 1)?;
             f(f32_input(inputs[0], "input")? * streams)
         }
+        Op::EmbedStreams { streams } => {
+            let row = infer(&Op::Embed, inputs, weights)?;
+            check(*streams > 0, || "streams must be > 0".into())?;
+            f(row[0].1 * streams)
+        }
         Op::RmsNorm { group, .. } => {
             expect_inputs(inputs, 1)?;
             expect_weights(weights, 1)?;
@@ -406,6 +411,19 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(*ngram >= 2, || "ngram must be >= 2".into())?;
             Ok(vec![(I64, (ngram - 1) * heads_per_ngram)])
         }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let ids = Op::PleNgramIds {
+                ngram: *ngram,
+                heads_per_ngram: *heads_per_ngram,
+                table: *table,
+            };
+            let ids = infer(&ids, inputs, &[])?;
+            infer(&Op::Embed, &ids, weights)
+        }
         Op::PleGate { streams } => {
             expect_inputs(inputs, 3)?;
             let k = f32_input(inputs[0], "key")?;
@@ -473,9 +491,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             )?;
             f(w / streams)
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             expect_inputs(inputs, 1)?;
-            expect_weights(weights, 4)?;
+            expect_weights(weights, if *inject { 4 } else { 3 })?;
             let w = f32_input(inputs[0], "h")?;
             check(*streams > 0 && w % streams == 0, || {
                 format!("width {w} is not a multiple of {streams} streams")
@@ -488,6 +506,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(weights[1] == vec![r, w] && weights[2] == vec![w, r], || {
                 "down/up".into()
             })?;
+            if !*inject {
+                return f(w / streams);
+            }
             check(weights[3] == vec![*streams, w], || "inject weight".into())?;
             Ok(vec![(F32, w / streams), (F32, *streams)])
         }

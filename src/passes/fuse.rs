@@ -12,11 +12,17 @@
 //! node that reads it, so before that position, and a match whose output is read outside before
 //! that position is refused. The fused node carries the matched nodes' states in pattern order (a
 //! state belongs to one node, so moving its node reorders no access to it).
+//!
+//! A dimension of an `exact` op written `"$name"` is a dimension variable: it matches any value
+//! and binds it (the same variable must bind the same value everywhere in the match), and the
+//! replacement's `"$name"` dimensions take the bound values. So a fusion can carry a parameter
+//! that differs between the places it matches (each PLE layer's hash table) into the fused op.
+//! Dimension variables are a namespace of their own, apart from the value and weight variables.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::ir::dims::{self, Dims};
-use crate::ir::{Node, Op, Program};
+use crate::ir::{Node, Op, Program, Sym};
 use crate::lower::template::Fusion;
 use crate::lower::LowerError;
 use crate::passes::schedule::{holds, Facts};
@@ -39,28 +45,24 @@ pub fn run(
             counts.insert(fusion.name.clone(), 0);
             continue;
         }
-        let replace_op: Op<usize> = fusion
-            .replace
-            .op
-            .map_dims(|s| dims::eval(s, dims))
-            .map_err(|msg| LowerError::Fusion {
-                fusion: fusion.name.clone(),
-                msg,
-            })?;
-        let exact: Vec<Option<Op<usize>>> = fusion
+        let err = |msg| LowerError::Fusion {
+            fusion: fusion.name.clone(),
+            msg,
+        };
+        // The replacement's own dimensions, evaluated now so that a bad one is reported even
+        // where nothing matches (its variables are bound by each match).
+        replacement(fusion, dims, &HashMap::new(), true).map_err(err)?;
+        let exact: Vec<Option<ExactOp>> = fusion
             .pattern
             .iter()
             .map(|p| {
                 p.exact
                     .as_ref()
-                    .map(|op| op.map_dims(|s| dims::eval(s, dims)))
+                    .map(|op| ExactOp::new(op, dims))
                     .transpose()
             })
             .collect::<Result<_, _>>()
-            .map_err(|msg| LowerError::Fusion {
-                fusion: fusion.name.clone(),
-                msg,
-            })?;
+            .map_err(err)?;
         let mut fired = 0;
         let mut start = 0;
         loop {
@@ -70,7 +72,8 @@ pub fn run(
                 try_match(program, fusion, &exact, i, &producers, &consumers).map(|m| (i, m))
             });
             let Some((_, m)) = found else { break };
-            apply(program, fusion, &replace_op, m);
+            let op = replacement(fusion, dims, &m.dim_vars, false).map_err(err)?;
+            apply(program, fusion, &op, m);
             fired += 1;
             start = 0;
         }
@@ -85,8 +88,8 @@ pub fn run(
 /// every fusion fires somewhere, so a misspelt dimension is still caught).
 fn names_a_missing_block(fusion: &Fusion, dims: &Dims) -> bool {
     let mut missing = false;
-    let mut note = |s: &crate::ir::Sym| {
-        missing |= dims::unknown(s, dims).is_some();
+    let mut note = |s: &Sym| {
+        missing |= dim_var(s).is_none() && dims::unknown(s, dims).is_some();
         Ok::<(), ()>(())
     };
     let _ = fusion.replace.op.map_dims(&mut note);
@@ -133,6 +136,38 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
             return Err(err(format!("output `{o}` is no pattern node")));
         }
     }
+    // Dimension variables: whole dimensions, and the replacement's bound by an `exact`.
+    let mut bound = Vec::new();
+    for op in f.pattern.iter().filter_map(|p| p.exact.as_ref()) {
+        op.map_dims(|s| {
+            bound.extend(dim_var(s).map(str::to_string));
+            Ok::<(), String>(())
+        })
+        .map_err(err)?;
+    }
+    let mut checked = |s: &Sym| {
+        if let Sym::Name(text) = s {
+            if text.contains('$') && dim_var(s).is_none() {
+                return Err(format!(
+                    "dimension `{text}`: a dimension variable stands alone (`$name`)"
+                ));
+            }
+        }
+        Ok(())
+    };
+    for op in f.pattern.iter().filter_map(|p| p.exact.as_ref()) {
+        op.map_dims(&mut checked).map_err(err)?;
+    }
+    f.replace.op.map_dims(&mut checked).map_err(err)?;
+    f.replace
+        .op
+        .map_dims(|s| match dim_var(s) {
+            Some(v) if !bound.iter().any(|b| b == v) => Err(format!(
+                "replacement dimension `{v}` is bound by no pattern node's `exact`"
+            )),
+            _ => Ok(()),
+        })
+        .map_err(err)?;
     let vars: Vec<&String> = f
         .pattern
         .iter()
@@ -146,6 +181,84 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
         }
     }
     Ok(())
+}
+
+/// The variable a dimension names (`"$table"` → `$table`), if it is one: a `$` and a name, alone.
+fn dim_var(s: &Sym) -> Option<&str> {
+    match s {
+        Sym::Name(text) => {
+            let name = text.trim();
+            let rest = name.strip_prefix('$')?;
+            (!rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                .then_some(name)
+        }
+        Sym::Lit(_) => None,
+    }
+}
+
+/// A dimension of an `exact` op: a value, or a variable binding the matched node's value.
+enum DimPattern {
+    Value(usize),
+    Var(String),
+}
+
+/// A pattern node's `exact` op, compiled: the op with every dimension erased (its kind and its
+/// other fields, as `unit_offset`), and its dimensions in field order.
+struct ExactOp {
+    flags: Op<()>,
+    dims: Vec<DimPattern>,
+}
+
+impl ExactOp {
+    fn new(op: &Op<Sym>, dims: &Dims) -> Result<ExactOp, String> {
+        let mut patterns = Vec::new();
+        let flags = op.map_dims(|s| {
+            patterns.push(match dim_var(s) {
+                Some(v) => DimPattern::Var(v.to_string()),
+                None => DimPattern::Value(dims::eval(s, dims)?),
+            });
+            Ok::<(), String>(())
+        })?;
+        Ok(ExactOp {
+            flags,
+            dims: patterns,
+        })
+    }
+
+    /// Whether `op` is this op, binding the dimension variables into `bound`.
+    fn matches(&self, op: &Op<usize>, bound: &mut HashMap<String, usize>) -> bool {
+        let mut values = Vec::new();
+        let Ok(flags) = op.map_dims(|&d| {
+            values.push(d);
+            Ok::<(), ()>(())
+        }) else {
+            return false;
+        };
+        flags == self.flags
+            && values.len() == self.dims.len()
+            && self.dims.iter().zip(values).all(|(p, v)| match p {
+                DimPattern::Value(want) => *want == v,
+                DimPattern::Var(name) => *bound.entry(name.clone()).or_insert(v) == v,
+            })
+    }
+}
+
+/// The fused op of a match: the replacement's dimensions evaluated, its variables taken from
+/// `bound` (with `probe`, 0 for each: the check made before anything matched).
+fn replacement(
+    fusion: &Fusion,
+    dims: &Dims,
+    bound: &HashMap<String, usize>,
+    probe: bool,
+) -> Result<Op<usize>, String> {
+    fusion.replace.op.map_dims(|s| match dim_var(s) {
+        Some(_) if probe => Ok(0),
+        Some(v) => bound
+            .get(v)
+            .copied()
+            .ok_or_else(|| format!("dimension variable `{v}` is unbound")),
+        None => dims::eval(s, dims),
+    })
 }
 
 /// A pattern argument naming a pattern node: `id` (any of its outputs) or `id.N` (its output N,
@@ -184,12 +297,14 @@ struct Match {
     /// Pattern index → node index.
     nodes: Vec<usize>,
     vars: HashMap<String, String>,
+    /// Dimension variables (`exact` dimensions written `"$name"`) → their bound values.
+    dim_vars: HashMap<String, usize>,
 }
 
 fn try_match(
     program: &Program,
     fusion: &Fusion,
-    exact: &[Option<Op<usize>>],
+    exact: &[Option<ExactOp>],
     out_node: usize,
     producers: &HashMap<&str, usize>,
     consumers: &HashMap<&str, usize>,
@@ -198,6 +313,7 @@ fn try_match(
     let mut m = Match {
         nodes: vec![usize::MAX; np],
         vars: HashMap::new(),
+        dim_vars: HashMap::new(),
     };
     if !bind(program, fusion, exact, np - 1, out_node, producers, &mut m) {
         return None;
@@ -217,6 +333,7 @@ fn try_match(
             let mut trial = Match {
                 nodes: m.nodes.clone(),
                 vars: m.vars.clone(),
+                dim_vars: m.dim_vars.clone(),
             };
             bind(program, fusion, exact, pi, ni, producers, &mut trial).then_some(trial)
         });
@@ -271,7 +388,7 @@ fn output_ids(fusion: &Fusion) -> Vec<&str> {
 fn bind(
     program: &Program,
     fusion: &Fusion,
-    exact: &[Option<Op<usize>>],
+    exact: &[Option<ExactOp>],
     pi: usize,
     ni: usize,
     producers: &HashMap<&str, usize>,
@@ -286,7 +403,7 @@ fn bind(
         return false;
     }
     if let Some(op) = &exact[pi] {
-        if *op != node.op {
+        if !op.matches(&node.op, &mut m.dim_vars) {
             return false;
         }
     }

@@ -520,7 +520,8 @@ impl Gpu {
 
     /// The device address of the arrival counters (`counters` field): words that kernels count
     /// their blocks' arrivals in and leave at zero when they finish (as
-    /// `gdn_conv_normed_recurrence_f32` does, one word a key head).
+    /// `gdn_conv_normed_recurrence_f32` does, one word a key head, and `ple_embed_*` the last
+    /// word). A kernel touches them only after its wait, when the kernels before it are done.
     pub fn counters(&self) -> u64 {
         self.counters.device_ptr(&self.stream).0
     }

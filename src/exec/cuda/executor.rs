@@ -915,6 +915,17 @@ fn ready_after(node: &crate::ir::Node, previous: &crate::ir::Node) -> ReadyInput
     )
 }
 
+/// The row width of a gathered table (its declared `[rows, d]`; 1 for a table the program
+/// does not declare, which the launchers' shape checks then refuse unless it fits).
+fn table_width(program: &Program, name: &str) -> usize {
+    program
+        .weights
+        .iter()
+        .find(|x| x.name == name)
+        .map(|x| x.shape[1])
+        .unwrap_or(1)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_node<'v>(
     gpu: &Gpu,
@@ -933,13 +944,15 @@ fn launch_node<'v>(
         Op::Embed => {
             let (ids, rows) = arg(0).i64();
             let table = weights.matrix(w(0))?;
-            let d = program
-                .weights
-                .iter()
-                .find(|x| x.name == node.weights[0])
-                .map(|x| x.shape[1])
-                .unwrap_or(1);
+            let d = table_width(program, &node.weights[0]);
             let y = launch::embed(gpu, ids, table, d)?;
+            vec![DVal::F32 { rows, buf: y }]
+        }
+        Op::EmbedStreams { streams } => {
+            let (ids, rows) = arg(0).i64();
+            let table = weights.matrix(w(0))?;
+            let d = table_width(program, &node.weights[0]);
+            let y = launch::embed_streams(gpu, ids, rows, table, d, *streams)?;
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::RepeatStreams { streams } => {
@@ -978,21 +991,29 @@ fn launch_node<'v>(
             };
             vec![DVal::F32 { rows, buf: y }]
         }
-        Op::HcRead { streams } => {
+        Op::HcRead { streams, inject } => {
             let (h, rows) = arg(0).f32();
+            let gains = if *inject {
+                Some(weights.matrix(w(3))?)
+            } else {
+                None
+            };
             let (x, inj) = layout::hc_read(
                 gpu,
                 h,
                 weights.vector(w(0))?,
                 weights.matrix(w(1))?,
                 weights.matrix(w(2))?,
-                weights.matrix(w(3))?,
+                gains,
                 rows,
                 *streams,
                 eps,
                 layout::HcReadAct::CHOSEN,
             )?;
-            vec![DVal::F32 { rows, buf: x }, DVal::F32 { rows, buf: inj }]
+            std::iter::once(x)
+                .chain(inj)
+                .map(|buf| DVal::F32 { rows, buf })
+                .collect()
         }
         Op::MoeSharedWrite { streams } => {
             let (h, rows) = arg(0).f32();
@@ -1411,6 +1432,39 @@ fn launch_node<'v>(
                 o,
             );
             vec![DVal::I64 { rows, buf: ids? }]
+        }
+        Op::PleEmbed {
+            ngram,
+            heads_per_ngram,
+            table,
+        } => {
+            let (toks, rows) = arg(0).i64();
+            let [multipliers, sizes, offsets] =
+                weights.ple.get(*table).ok_or_else(|| CudaError::Shape {
+                    kernel: "ple_embed".into(),
+                    msg: format!(
+                        "node `{}` names PLE hash table {table}, which the program lacks",
+                        node.name
+                    ),
+                })?;
+            let hash = launch::NgramHash {
+                eos: program.consts.ple_eos.unwrap_or(0),
+                ngram: *ngram,
+                heads_per_ngram: *heads_per_ngram,
+                multipliers,
+                sizes,
+                offsets,
+            };
+            let d = table_width(program, &node.weights[0]);
+            let y = launch::ple_embed(
+                gpu,
+                toks,
+                i64_state(&mut bufs[0]),
+                &hash,
+                weights.matrix(w(0))?,
+                d,
+            )?;
+            vec![DVal::F32 { rows, buf: y }]
         }
         Op::PleGate { streams } => {
             let (key, rows) = arg(0).f32();

@@ -10,6 +10,7 @@ use super::arg_matrix;
 use super::{grid_for, launched, shape, warp_grid, DeviceMatrix};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
+use crate::exec::cuda::launcher::KernelLaunch;
 
 const FILE: &str = "layout.cu";
 
@@ -410,11 +411,35 @@ impl HcReadAct {
 /// Chunks of the row each thread of `hc_read_act`'s fixed path holds (`HC_ACT_CHUNKS`).
 const HC_ACT_CHUNKS: usize = 4;
 
+/// Pushes an optional weight matrix: null where there is none (the kernel then never reads it).
+fn arg_matrix_or_null(b: &mut KernelLaunch<'_>, m: Option<&DeviceMatrix>) {
+    match m {
+        Some(m) => arg_matrix(b, m),
+        None => {
+            b.arg(&0u64);
+        }
+    }
+}
+
+/// Pushes an optional output buffer: null where there is none (the kernel then never writes it).
+fn arg_out_or_null(b: &mut KernelLaunch<'_>, out: &mut Option<Buf<f32>>) {
+    match out {
+        Some(o) => {
+            b.arg(&mut **o);
+        }
+        None => {
+            b.arg(&0u64);
+        }
+    }
+}
+
 /// The fused hyper-connection read (`ops::hyper::hc_read`): for each row of `h [rows, C*H]`,
 /// `x = hc_mix(hn)` and `inj = hc_inject(hn)` with `hn` the per-stream RMS norm of `h` (unit
 /// offset, weight `norm [C*H or H]`), never stored: a kernel for the C inverse RMS, the R mix
 /// activations and the C gains (`variant`: a few of them a block, for each row; the executor
-/// passes [`HcReadAct::CHOSEN`], the sweep and the GPU tests each), and the mix's gate.
+/// passes [`HcReadAct::CHOSEN`], the sweep and the GPU tests each), and the mix's gate. Without
+/// `inject` (the exit's mixer) the first kernel forms the R activations alone and only `x`
+/// comes back.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_read(
     gpu: &Gpu,
@@ -422,12 +447,12 @@ pub fn hc_read(
     norm: &CudaSlice<f32>,
     down: &DeviceMatrix,
     up: &DeviceMatrix,
-    inject: &DeviceMatrix,
+    inject: Option<&DeviceMatrix>,
     rows: usize,
     streams: usize,
     eps: f32,
     variant: HcReadAct,
-) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
+) -> Result<(Buf<f32>, Option<Buf<f32>>), CudaError> {
     let per_block = variant.outputs_per_block;
     shape("hc_read_act", HcReadAct::ALL.contains(&variant), || {
         format!(
@@ -445,10 +470,12 @@ pub fn hc_read(
     let width = h.len().checked_div(rows).unwrap_or(0);
     let rank = down.len().checked_div(width).unwrap_or(0);
     let hid = width.checked_div(streams).unwrap_or(0);
+    // The injection's C gains are outputs R .. R + C of the first kernel, when there are any.
+    let gains = if inject.is_some() { streams } else { 0 };
     shape(
         kernel,
         down.same_dtype(up)
-            && down.same_dtype(inject)
+            && inject.is_none_or(|i| down.same_dtype(i))
             && rows > 0
             && rows < 65_536
             && (1..=32).contains(&streams)
@@ -456,10 +483,10 @@ pub fn hc_read(
             && h.len() == rows * width
             && width == streams * hid
             && rank > 0
-            && rank + streams <= MAX_BLOCKS
+            && rank + gains <= MAX_BLOCKS
             && down.len() == rank * width
             && up.len() == width * rank
-            && inject.len() == streams * width
+            && inject.is_none_or(|i| i.len() == streams * width)
             && (norm.len() == width || norm.len() == hid),
         || {
             format!(
@@ -469,7 +496,7 @@ pub fn hc_read(
                 norm.len(),
                 down.len(),
                 up.len(),
-                inject.len()
+                inject.map_or("no".to_string(), |i| i.len().to_string())
             )
         },
     )?;
@@ -478,7 +505,8 @@ pub fn hc_read(
             gpu,
             h,
             norm,
-            [down, up, inject],
+            [down, up],
+            inject,
             [rows, streams, width, rank],
             eps,
             [act_kernel, kernel],
@@ -488,25 +516,32 @@ pub fn hc_read(
     let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
     let mut inv = gpu.scratch::<f32>(rows * streams, act_kernel)?;
     let mut x = gpu.output::<f32>(rows * hid, kernel)?;
-    let mut inj = gpu.output::<f32>(rows * streams, act_kernel)?;
-    let (s64, w64, r64, h64, rows64, wl64) = (
+    let mut inj = match inject {
+        Some(_) => Some(gpu.output::<f32>(rows * streams, act_kernel)?),
+        None => None,
+    };
+    let (s64, w64, r64, g64, h64, rows64, wl64) = (
         streams as i64,
         width as i64,
         rank as i64,
+        gains as i64,
         hid as i64,
         rows as i64,
         norm.len() as i64,
     );
     let f = gpu.function(FILE, act_kernel)?;
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *act)
-        .arg(&mut *inj)
-        .arg(&mut *inv)
-        .arg(h)
-        .arg(norm);
+    b.arg(&mut *act);
+    arg_out_or_null(&mut b, &mut inj);
+    b.arg(&mut *inv).arg(h).arg(norm);
     arg_matrix(&mut b, down);
-    arg_matrix(&mut b, inject);
-    b.arg(&s64).arg(&w64).arg(&r64).arg(&wl64).arg(&eps);
+    arg_matrix_or_null(&mut b, inject);
+    b.arg(&s64)
+        .arg(&w64)
+        .arg(&r64)
+        .arg(&g64)
+        .arg(&wl64)
+        .arg(&eps);
     // Threads: enough that each holds HC_ACT_CHUNKS 16-byte chunks of the row (the fixed path),
     // at least a warp per output of the block (each finishes one), at most 512 (the kernel's
     // launch bounds; past that it takes its general path, which any block size serves).
@@ -514,13 +549,14 @@ pub fn hc_read(
         .next_multiple_of(32)
         .clamp(32 * per_block, 512);
     let cfg = LaunchConfig {
-        grid_dim: ((rank + streams).div_ceil(per_block) as u32, rows as u32, 1),
+        grid_dim: ((rank + gains).div_ceil(per_block) as u32, rows as u32, 1),
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: shapes checked above; block (b, t) writes act[t, o] or inj[t, o - R] for its
-    // outputs o = b*per_block.. (< R + C), block (0, t) the C inverse RMS of row t; 16-byte loads
-    // only where the widths and addresses allow.
+    // outputs o = b*per_block.. (< R + gains: inj and inject, null without the injection, are
+    // never touched then), block (0, t) the C inverse RMS of row t; 16-byte loads only where the
+    // widths and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.launch_builder(&f);
@@ -539,31 +575,37 @@ const HC_GATE_MAX_RANK: usize = 1024;
 /// [`hc_read`] with blocks over one stream's slice of the row (`HcReadAct::by_stream`): the
 /// first kernel writes per-stream partial dot products and sums of squares, the gate kernel's
 /// blocks (one row each) combine them into the activations (in shared memory), the inverse RMS
-/// and, in block 0, the gains. Shapes were checked by the caller.
+/// and, in block 0, the gains (with `inject`). Shapes were checked by the caller.
 #[allow(clippy::too_many_arguments)]
 fn hc_read_by_stream(
     gpu: &Gpu,
     h: &CudaSlice<f32>,
     norm: &CudaSlice<f32>,
-    [down, up, inject]: [&DeviceMatrix; 3],
+    [down, up]: [&DeviceMatrix; 2],
+    inject: Option<&DeviceMatrix>,
     [rows, streams, width, rank]: [usize; 4],
     eps: f32,
     [act_kernel, kernel]: [&str; 2],
     per_block: usize,
-) -> Result<(Buf<f32>, Buf<f32>), CudaError> {
+) -> Result<(Buf<f32>, Option<Buf<f32>>), CudaError> {
     let hid = width / streams;
     shape(kernel, rank <= HC_GATE_MAX_RANK, || {
         format!("rank {rank}: the by-stream gate stages at most {HC_GATE_MAX_RANK} activations")
     })?;
-    let outs = rank + streams;
+    let gains = if inject.is_some() { streams } else { 0 };
+    let outs = rank + gains;
     let mut part = gpu.scratch::<f32>(rows * outs * streams, act_kernel)?;
     let mut ssq = gpu.scratch::<f32>(rows * streams, act_kernel)?;
     let mut x = gpu.output::<f32>(rows * hid, kernel)?;
-    let mut inj = gpu.output::<f32>(rows * streams, act_kernel)?;
-    let (s64, w64, r64, h64, wl64) = (
+    let mut inj = match inject {
+        Some(_) => Some(gpu.output::<f32>(rows * streams, act_kernel)?),
+        None => None,
+    };
+    let (s64, w64, r64, g64, h64, wl64) = (
         streams as i64,
         width as i64,
         rank as i64,
+        gains as i64,
         hid as i64,
         norm.len() as i64,
     );
@@ -571,8 +613,8 @@ fn hc_read_by_stream(
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *part).arg(&mut *ssq).arg(h).arg(norm);
     arg_matrix(&mut b, down);
-    arg_matrix(&mut b, inject);
-    b.arg(&s64).arg(&w64).arg(&r64).arg(&wl64);
+    arg_matrix_or_null(&mut b, inject);
+    b.arg(&s64).arg(&w64).arg(&r64).arg(&g64).arg(&wl64);
     // Threads: a 16-byte chunk of the stream's slice each where the slice allows, at most 512.
     let threads = hid
         .div_ceil(down.chunk_len())
@@ -584,19 +626,21 @@ fn hc_read_by_stream(
         shared_mem_bytes: 0,
     };
     // SAFETY: shapes checked by the caller; block (b, s, t) writes part[t, o, s] for its outputs
-    // o < R + C and block (0, s, t) ssq[t, s]; 16-byte loads only where the slice's length and
-    // addresses allow.
+    // o < R + gains (inject, null without the injection, is read only for o >= R) and block
+    // (0, s, t) ssq[t, s]; 16-byte loads only where the slice's length and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *x)
-        .arg(&mut *inj)
-        .arg(h)
-        .arg(&*part)
-        .arg(&*ssq)
-        .arg(norm);
+    b.arg(&mut *x);
+    arg_out_or_null(&mut b, &mut inj);
+    b.arg(h).arg(&*part).arg(&*ssq).arg(norm);
     arg_matrix(&mut b, up);
-    b.arg(&s64).arg(&h64).arg(&r64).arg(&wl64).arg(&eps);
+    b.arg(&s64)
+        .arg(&h64)
+        .arg(&r64)
+        .arg(&g64)
+        .arg(&wl64)
+        .arg(&eps);
     let warps = 8usize;
     let cfg = LaunchConfig {
         grid_dim: (hid.div_ceil(warps) as u32, rows as u32, 1),
@@ -605,7 +649,7 @@ fn hc_read_by_stream(
     };
     // SAFETY: block (b, t) reads part/ssq of row t (written by the launch above on this stream),
     // stages rank <= HC_GATE_MAX_RANK activations, and writes x[t, c] for its 8 channels and,
-    // block (0, t), inj[t, :].
+    // block (0, t), inj[t, :] when there are gains (inj is null and never written otherwise).
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((x, inj))
 }

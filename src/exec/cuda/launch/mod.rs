@@ -7,6 +7,7 @@ use super::device::{Buf, Gpu};
 use super::error::CudaError;
 
 pub mod attention;
+pub mod embed;
 pub mod gdn;
 pub mod layout;
 pub mod linear;
@@ -14,6 +15,7 @@ pub mod moe;
 pub mod ple;
 pub mod sampling;
 
+pub use embed::{embed, embed_streams, ple_embed, NgramHash};
 pub(crate) use linear::arg_matrix;
 pub use linear::{linear_hc_write, linear_mma, linear_rows, linear_tiled, DeviceMatrix};
 
@@ -188,33 +190,6 @@ pub fn rms_norm(
         .arg(&uo)
         .arg(&eps);
     // SAFETY: groups*group == x.len() == y.len(); w is indexed modulo its length.
-    launched(kernel, unsafe { b.launch(cfg) })?;
-    Ok(y)
-}
-
-/// Gathers rows of `table [rows, d]` for each id.
-pub fn embed(
-    gpu: &Gpu,
-    ids: &CudaSlice<i64>,
-    table: &DeviceMatrix,
-    d: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = table.kernel("embed_reference");
-    let kernel = kernel_name.as_str();
-    shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
-        format!("table of {} values is not rows of {d}", table.len())
-    })?;
-    let f = gpu.function("embed.cu", kernel)?;
-    let count = ids.len();
-    let mut y = gpu.output::<f32>(count * d, kernel)?;
-    let (c64, d64) = (count as i64, d as i64);
-    let cfg = grid_for(count * d, 256);
-    let mut b = gpu.launch_builder(&f);
-    b.arg(&mut *y).arg(ids);
-    arg_matrix(&mut b, table);
-    b.arg(&c64).arg(&d64);
-    // SAFETY: ids are in range (checked by callers: tokens by the session, n-gram ids by
-    // construction); y holds count*d floats.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }

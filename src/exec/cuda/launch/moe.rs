@@ -734,7 +734,8 @@ pub fn ple_ngram_ids(
         grid_dim: (1, 1, 1),
         // A thread per (row, head), up to 256.
         block_dim: ((rows * heads).next_multiple_of(32).min(256) as u32, 1, 1),
-        shared_mem_bytes: (ctx * std::mem::size_of::<i64>()) as u32,
+        // The old history in static shared memory (NGRAM_MAX_CTX, kernels/ngram.cuh).
+        shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *ids)
