@@ -76,6 +76,18 @@ __device__ __forceinline__ void trace_record(unsigned long long arrived) {
 }
 #endif
 
+// Lets the kernel after this one launch now, before this kernel has waited (wait_for_producers
+// triggers it only after the wait, so that by the time a kernel starts every kernel before the
+// one ahead of it has finished: what running ahead relies on). For a kernel whose successor
+// touches nothing but weights and its own state before its wait: the executor gives the node
+// after such a node no ready inputs (`releases_early` in src/exec/cuda/executor.rs). Its use: the
+// successor's blocks take SMs as the kernel two back drains and load their state meanwhile.
+__device__ __forceinline__ void release_dependents_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void wait_for_producers() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef GRAPHRUN_TRACE

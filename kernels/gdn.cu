@@ -108,6 +108,10 @@ __device__ __forceinline__ void conv_shift(float* win, float xc, int kernel) {
 // the wait (the same sums in the same order); other channels and shapes read memory after it.
 extern "C" __global__ void causal_conv_step_f32(float* y, float* window, const float* x, const float* w, long rows,
                                                 long width, int kernel, int dilation, int silu) {
+    // A decode step's GDN recurrence follows: its blocks load their 64 KB of state before their
+    // wait, which only begins once they are resident. Released early, they start on the SMs
+    // the input projection frees during its last wave (common.cuh).
+    release_dependents_early();
     const long past = (long)(kernel - 1) * dilation;
     const long c0 = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     const bool early = rows == 1 && dilation == 1 && kernel <= CONV_MAX_TAPS && c0 < width;

@@ -905,6 +905,9 @@ fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
 /// often this holds (graphs/qwen4exp/moe.ron puts the shared expert between the router and the
 /// routed experts so that both run ahead).
 fn ready_after(node: &crate::ir::Node, previous: &crate::ir::Node) -> ReadyInputs {
+    if releases_early(previous) {
+        return ReadyInputs::NONE;
+    }
     ReadyInputs(
         node.inputs
             .iter()
@@ -913,6 +916,15 @@ fn ready_after(node: &crate::ir::Node, previous: &crate::ir::Node) -> ReadyInput
             .filter(|(_, i)| !previous.outputs.contains(i))
             .fold(0, |m, (k, _)| m | 1 << k),
     )
+}
+
+/// Whether a kernel of `node` lets the next node launch before it has waited for its own
+/// producers (`release_dependents_early`, kernels/common.cuh): the causal conv's decode kernel, so
+/// that the GDN recurrence after it starts loading its state while the input projection drains.
+/// The node after it may then start while the node two back still runs: nothing of its inputs is
+/// ready before its wait.
+fn releases_early(node: &crate::ir::Node) -> bool {
+    matches!(node.op, Op::CausalConv { .. })
 }
 
 /// The row width of a gathered table (its declared `[rows, d]`; 1 for a table the program

@@ -154,6 +154,7 @@ mod tests {
                         || code.starts_with("using ");
                     assert!(
                         code.is_empty()
+                            || code == "release_dependents_early()"
                             || code.contains("prefetch")
                             || code.contains("load_own_state")
                             || index_math
