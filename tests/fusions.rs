@@ -457,31 +457,24 @@ fn a_dimension_variable_carries_each_layers_table() {
     assert_eq!(tables(&fused, "ple_embed"), want);
     assert!(tables(&fused, "ple_ngram_ids").is_empty());
 
-    let f = graphs
-        .fusions
-        .iter_mut()
-        .find(|f| f.name == "ple_embed")
-        .unwrap();
-    f.replace.op = Op::PleEmbed {
-        ngram: graphrun::ir::Sym::Name("$ngram".into()),
-        heads_per_ngram: graphrun::ir::Sym::Name("$hpn".into()),
-        table: graphrun::ir::Sym::Name("$nowhere".into()),
-    };
-    let err = lower(&plan, &graphs, &opts).unwrap_err().to_string();
-    assert!(
-        err.contains("ple_embed") && err.contains("$nowhere"),
-        "{err}"
-    );
-    let f = graphs
-        .fusions
-        .iter_mut()
-        .find(|f| f.name == "ple_embed")
-        .unwrap();
-    f.replace.op = Op::PleEmbed {
-        ngram: graphrun::ir::Sym::Name("$ngram".into()),
-        heads_per_ngram: graphrun::ir::Sym::Name("$hpn*2".into()),
-        table: graphrun::ir::Sym::Name("$hash".into()),
-    };
-    let err = lower(&plan, &graphs, &opts).unwrap_err().to_string();
-    assert!(err.contains("ple_embed") && err.contains("$hpn*2"), "{err}");
+    // A replacement naming a variable no pattern binds, or one inside an expression: an error
+    // naming the fusion and the variable.
+    for (hpn, table, bad) in [
+        ("$hpn", "$nowhere", "$nowhere"),
+        ("$hpn*2", "$hash", "$hpn*2"),
+    ] {
+        let f = graphs
+            .fusions
+            .iter_mut()
+            .find(|f| f.name == "ple_embed")
+            .unwrap();
+        let name = |s: &str| graphrun::ir::Sym::Name(s.into());
+        f.replace.op = Op::PleEmbed {
+            ngram: name("$ngram"),
+            heads_per_ngram: name(hpn),
+            table: name(table),
+        };
+        let err = lower(&plan, &graphs, &opts).unwrap_err().to_string();
+        assert!(err.contains("ple_embed") && err.contains(bad), "{err}");
+    }
 }
