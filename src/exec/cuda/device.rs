@@ -559,8 +559,6 @@ impl Gpu {
         sc.asked = 0;
     }
 
-    /// Sets the arena slots for the outputs of the next launch (see [`Gpu::output`]); returns
-    /// how many were left untaken by the previous one (0 when every planned output was made).
     /// Runs `f`, the launches of a node's intermediate value (a fallback that makes the node's
     /// output in several launches), with the node's arena slots held back: what `f` makes comes
     /// from scratch ([`Gpu::output`] with no slot), and the slots go to the launches after it,
@@ -573,6 +571,8 @@ impl Gpu {
         result
     }
 
+    /// Sets the arena slots for the outputs of the next launch (see [`Gpu::output`]); returns
+    /// how many were left untaken by the previous one (0 when every planned output was made).
     pub fn set_slots(&self, slots: &[(sys::CUdeviceptr, usize)]) -> usize {
         let mut q = self.slots.lock().expect("arena slot lock");
         let left = q.len();
