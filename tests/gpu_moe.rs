@@ -729,6 +729,14 @@ impl Ngram {
         let m = gpu.upload(&self.multipliers, "multipliers").unwrap();
         let s = gpu.upload(&self.sizes, "sizes").unwrap();
         let o = gpu.upload(&self.offsets, "offsets").unwrap();
+        let hash = launch::NgramHash {
+            eos: self.eos,
+            ngram: self.ngram,
+            heads_per_ngram: self.hpn,
+            multipliers: &m,
+            sizes: &s,
+            offsets: &o,
+        };
         let mut history = gpu
             .upload(&vec![self.eos; self.ngram - 1], "history")
             .unwrap();
@@ -736,19 +744,7 @@ impl Ngram {
         let mut at = 0;
         for &n in chunks {
             let t = gpu.upload(&tokens[at..at + n], "tokens").unwrap();
-            let d = gmoe::ple_ngram_ids(
-                gpu,
-                &t,
-                &mut history,
-                n,
-                self.eos,
-                self.ngram,
-                self.hpn,
-                &m,
-                &s,
-                &o,
-            )
-            .unwrap();
+            let d = gmoe::ple_ngram_ids(gpu, &t, &mut history, &hash).unwrap();
             ids.extend(gpu.download(&d, "ids").unwrap());
             at += n;
         }
@@ -929,19 +925,8 @@ fn ple_embed_matches_the_reference_over_steps() {
                 let fused =
                     launch::ple_embed(&gpu, &dtok, &mut fused_history, &hash, &dt, d).unwrap();
                 let fused = gpu.download(&fused, "emb").unwrap();
-                let plain_ids = gmoe::ple_ngram_ids(
-                    &gpu,
-                    &dtok,
-                    &mut plain_history,
-                    rows,
-                    cfg.eos,
-                    cfg.ngram,
-                    cfg.hpn,
-                    &m,
-                    &s,
-                    &o,
-                )
-                .unwrap();
+                let plain_ids =
+                    gmoe::ple_ngram_ids(&gpu, &dtok, &mut plain_history, &hash).unwrap();
                 let plain = gpu
                     .download(&launch::embed(&gpu, &plain_ids, &dt, d).unwrap(), "emb")
                     .unwrap();
@@ -993,5 +978,11 @@ fn ple_embed_matches_the_reference_over_steps() {
     let table = DeviceMatrix::F32(gpu.upload(&[0.0f32; 152 * 4], "table").unwrap());
     let err = launch::ple_embed(&gpu, &t, &mut short, &hash, &table, 4).expect_err("history of 1");
     assert!(err.to_string().contains("ple_embed_f32"), "{err}");
+    // The ids kernel checks the same hash the same way, naming itself.
+    let err = gmoe::ple_ngram_ids(&gpu, &t, &mut short, &hash).expect_err("history of 1");
+    assert!(
+        err.to_string().contains("ple_ngram_ids_reference_i64"),
+        "{err}"
+    );
     gpu.sync("the PLE gather checks").unwrap();
 }

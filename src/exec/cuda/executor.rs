@@ -927,6 +927,43 @@ fn releases_early(node: &crate::ir::Node) -> bool {
     matches!(node.op, Op::CausalConv { .. })
 }
 
+/// The n-gram hashing of a PLE ids node (`PleNgramIds`, `PleEmbed`): its order and heads, the
+/// program's eos and the node's hash table on the device.
+fn ngram_hash<'w>(
+    program: &Program,
+    weights: &'w DeviceWeights,
+    node: &crate::ir::Node,
+) -> Result<launch::NgramHash<'w>, CudaError> {
+    let (Op::PleNgramIds {
+        ngram,
+        heads_per_ngram,
+        table,
+    }
+    | Op::PleEmbed {
+        ngram,
+        heads_per_ngram,
+        table,
+    }) = node.op
+    else {
+        unreachable!("called for the n-gram ops")
+    };
+    let [multipliers, sizes, offsets] = weights.ple.get(table).ok_or_else(|| CudaError::Shape {
+        kernel: node.op.kind().into(),
+        msg: format!(
+            "node `{}` names PLE hash table {table}, which the program lacks",
+            node.name
+        ),
+    })?;
+    Ok(launch::NgramHash {
+        eos: program.consts.ple_eos.unwrap_or(0),
+        ngram,
+        heads_per_ngram,
+        multipliers,
+        sizes,
+        offsets,
+    })
+}
+
 /// The row width of a gathered table (its declared `[rows, d]`; 1 for a table the program
 /// does not declare, which the launchers' shape checks then refuse unless it fits).
 fn table_width(program: &Program, name: &str) -> usize {
@@ -1422,51 +1459,15 @@ fn launch_node<'v>(
             )?;
             vec![DVal::F32 { rows, buf: y }]
         }
-        Op::PleNgramIds {
-            ngram,
-            heads_per_ngram,
-            table,
-        } => {
+        Op::PleNgramIds { .. } => {
             let (toks, rows) = arg(0).i64();
-            let eos = program.consts.ple_eos.unwrap_or(0);
-            let [m, s, o] = &weights.ple[*table];
-            let hist = i64_state(&mut bufs[0]);
-            let ids = moe::ple_ngram_ids(
-                gpu,
-                toks,
-                hist,
-                rows,
-                eos,
-                *ngram,
-                *heads_per_ngram,
-                m,
-                s,
-                o,
-            );
+            let hash = ngram_hash(program, weights, node)?;
+            let ids = moe::ple_ngram_ids(gpu, toks, i64_state(&mut bufs[0]), &hash);
             vec![DVal::I64 { rows, buf: ids? }]
         }
-        Op::PleEmbed {
-            ngram,
-            heads_per_ngram,
-            table,
-        } => {
+        Op::PleEmbed { .. } => {
             let (toks, rows) = arg(0).i64();
-            let [multipliers, sizes, offsets] =
-                weights.ple.get(*table).ok_or_else(|| CudaError::Shape {
-                    kernel: "ple_embed".into(),
-                    msg: format!(
-                        "node `{}` names PLE hash table {table}, which the program lacks",
-                        node.name
-                    ),
-                })?;
-            let hash = launch::NgramHash {
-                eos: program.consts.ple_eos.unwrap_or(0),
-                ngram: *ngram,
-                heads_per_ngram: *heads_per_ngram,
-                multipliers,
-                sizes,
-                offsets,
-            };
+            let hash = ngram_hash(program, weights, node)?;
             let d = table_width(program, &node.weights[0]);
             let y = launch::ple_embed(
                 gpu,

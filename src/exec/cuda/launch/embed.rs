@@ -92,6 +92,48 @@ pub struct NgramHash<'a> {
     pub offsets: &'a CudaSlice<i64>,
 }
 
+/// The largest n-gram order the kernels take (`NGRAM_MAX_CTX` + 1 history tokens in
+/// kernels/ngram.cuh, which they hold in shared memory).
+const NGRAM_MAX: usize = 64;
+
+impl NgramHash<'_> {
+    /// Checks `tokens [rows]`, `history [ngram-1]` and the hash table's lengths for `kernel`;
+    /// returns the ids a token hashes, `(ngram-1)·heads_per_ngram`.
+    pub(crate) fn check(
+        &self,
+        kernel: &str,
+        tokens: &CudaSlice<i64>,
+        history: &CudaSlice<i64>,
+    ) -> Result<usize, CudaError> {
+        let (rows, ngram, hpn) = (tokens.len(), self.ngram, self.heads_per_ngram);
+        shape(
+            kernel,
+            rows > 0 && (2..=NGRAM_MAX).contains(&ngram) && hpn > 0,
+            || format!("{rows} tokens, ngram {ngram} (2..={NGRAM_MAX}), {hpn} heads per n-gram"),
+        )?;
+        let ctx = ngram - 1;
+        let heads = ctx * hpn;
+        shape(
+            kernel,
+            history.len() == ctx
+                && self.multipliers.len() == ngram
+                && self.sizes.len() == heads
+                && self.offsets.len() == heads,
+            || {
+                format!(
+                    "history {} (want {ctx}), multipliers {} (want {ngram}), sizes {} and offsets \
+                     {} (want {heads})",
+                    history.len(),
+                    self.multipliers.len(),
+                    self.sizes.len(),
+                    self.offsets.len()
+                )
+            },
+        )?;
+        Ok(heads)
+    }
+}
+
 /// Threads of a `ple_embed` block (`PLE_EMBED_THREADS`: its shared ids are sized by it).
 const PLE_EMBED_THREADS: u32 = 256;
 
@@ -113,44 +155,19 @@ pub fn ple_embed(
 ) -> Result<Buf<f32>, CudaError> {
     let kernel_name = table.kernel("ple_embed");
     let kernel = kernel_name.as_str();
-    let (rows, ngram, hpn) = (tokens.len(), hash.ngram, hash.heads_per_ngram);
-    shape(
-        kernel,
-        rows > 0 && (2..=64).contains(&ngram) && hpn > 0 && d > 0 && table.len().is_multiple_of(d),
-        || {
-            format!(
-                "{rows} tokens, ngram {ngram} (2..=64), {hpn} heads per n-gram, a table of {} \
-                 values in rows of {d}",
-                table.len()
-            )
-        },
-    )?;
-    let ctx = ngram - 1;
-    let heads = ctx * hpn;
-    shape(
-        kernel,
-        history.len() == ctx
-            && hash.multipliers.len() == ngram
-            && hash.sizes.len() == heads
-            && hash.offsets.len() == heads,
-        || {
-            format!(
-                "history {} (want {ctx}), multipliers {} (want {ngram}), sizes {} and offsets {} \
-                 (want {heads})",
-                history.len(),
-                hash.multipliers.len(),
-                hash.sizes.len(),
-                hash.offsets.len()
-            )
-        },
-    )?;
+    let heads = hash.check(kernel, tokens, history)?;
+    shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
+        format!("a table of {} values in rows of {d}", table.len())
+    })?;
+    let rows = tokens.len();
     let ready = gpu.take_ready_inputs().all(&[0]) as i32;
     let f = gpu.function(FILE, kernel)?;
     let n = rows * heads * d;
     let mut y = gpu.output::<f32>(n, kernel)?;
     // A word of its own among the device's arrival counters (at 0 between launches).
     let arrivals = gpu.counters() + 4 * (gpu.counter_count() as u64 - 1);
-    let (r64, d64, n32, h32) = (rows as i64, d as i64, ngram as i32, hpn as i32);
+    let (r64, d64) = (rows as i64, d as i64);
+    let (n32, h32) = (hash.ngram as i32, hash.heads_per_ngram as i32);
     let cfg = LaunchConfig {
         block_dim: (PLE_EMBED_THREADS, 1, 1),
         ..grid_for(n, PLE_EMBED_THREADS)

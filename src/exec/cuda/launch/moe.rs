@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::arg_matrix;
+use super::embed::NgramHash;
 use super::{grid_for, launched, shape, DeviceMatrix};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
@@ -680,56 +681,21 @@ fn expert_major_products(
     })
 }
 
-/// `ops::ple::ngram_ids` for `tokens [rows]`: ids `[rows, (ngram-1)·heads_per_ngram]`, with
-/// `history [ngram-1]` (the previous ids; eos at the start of a sequence) replaced in place by
-/// the last `ngram-1` ids of history ++ tokens. `multipliers [ngram]`, `sizes` and
-/// `offsets [(ngram-1)·heads_per_ngram]`. Sizes must be non-zero (the loader's primes).
-#[allow(clippy::too_many_arguments)]
+/// `ops::ple::ngram_ids` for `tokens [rows]` with `hash`: ids `[rows, (ngram-1)·heads_per_ngram]`,
+/// with `history [ngram-1]` (the previous ids; eos at the start of a sequence) replaced in place
+/// by the last `ngram-1` ids of history ++ tokens.
 pub fn ple_ngram_ids(
     gpu: &Gpu,
     tokens: &CudaSlice<i64>,
     history: &mut CudaSlice<i64>,
-    rows: usize,
-    eos: i64,
-    ngram: usize,
-    heads_per_ngram: usize,
-    multipliers: &CudaSlice<i64>,
-    sizes: &CudaSlice<i64>,
-    offsets: &CudaSlice<i64>,
+    hash: &NgramHash<'_>,
 ) -> Result<Buf<i64>, CudaError> {
     let kernel = "ple_ngram_ids_reference_i64";
-    shape(
-        kernel,
-        rows > 0 && tokens.len() == rows && (2..=64).contains(&ngram) && heads_per_ngram > 0,
-        || {
-            format!(
-                "{} tokens for {rows} rows, ngram {ngram} (2..=64), {heads_per_ngram} heads per n-gram",
-                tokens.len()
-            )
-        },
-    )?;
-    let ctx = ngram - 1;
-    let heads = ctx * heads_per_ngram;
-    shape(
-        kernel,
-        history.len() == ctx
-            && multipliers.len() == ngram
-            && sizes.len() == heads
-            && offsets.len() == heads,
-        || {
-            format!(
-                "history {} (want {ctx}), multipliers {} (want {ngram}), sizes {} and offsets {} \
-                 (want {heads})",
-                history.len(),
-                multipliers.len(),
-                sizes.len(),
-                offsets.len()
-            )
-        },
-    )?;
+    let heads = hash.check(kernel, tokens, history)?;
+    let rows = tokens.len();
     let f = gpu.function("moe.cu", kernel)?;
     let mut ids = gpu.output::<i64>(rows * heads, "n-gram ids")?;
-    let (r64, n32, h32) = (rows as i64, ngram as i32, heads_per_ngram as i32);
+    let (r64, n32, h32) = (rows as i64, hash.ngram as i32, hash.heads_per_ngram as i32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         // A thread per (row, head), up to 256.
@@ -742,12 +708,12 @@ pub fn ple_ngram_ids(
         .arg(history)
         .arg(tokens)
         .arg(&r64)
-        .arg(&eos)
+        .arg(&hash.eos)
         .arg(&n32)
         .arg(&h32)
-        .arg(multipliers)
-        .arg(sizes)
-        .arg(offsets);
+        .arg(hash.multipliers)
+        .arg(hash.sizes)
+        .arg(hash.offsets);
     // SAFETY: one block (history is read into shared memory before it is written, and no other
     // block exists to race with); every buffer's length was checked against rows, ngram and
     // heads_per_ngram above.
