@@ -631,6 +631,10 @@ __device__ __forceinline__ void gdn_normed_tokens(float* s0, float* s1, float* o
     __shared__ float vs[GDNN_T][GDNN_MAX_DV];
     __shared__ float os[GDNN_T][GDNN_MAX_DV];
     __shared__ float beta_s[GDNN_T], decay_s[GDNN_T];
+    // The norm's gate inputs z and weight, copied (cp.async) with step 1's loads rather than
+    // loaded in step 3, after the recurrence: one round trip to memory fewer a chunk.
+    __shared__ float zs[GDNN_T][GDNN_MAX_DV];
+    __shared__ float norm_s[GDNN_MAX_DV];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int h = blockIdx.x;
@@ -656,6 +660,13 @@ __device__ __forceinline__ void gdn_normed_tokens(float* s0, float* s1, float* o
             const int tok = e / dv, c = e - tok * dv;
             vs[tok][c] = src.row(t0 + tok)[src.v + c];
         }
+        for (int e = tid; e < n * dv; e += blockDim.x) {
+            const int tok = e / dv, c = e - tok * dv;
+            cp_async4(&zs[tok][c], z + (long)(t0 + tok) * out_width + (long)h * dv + c);
+        }
+        if (t0 == 0)
+            for (int c = tid; c < dv; c += blockDim.x) cp_async4(&norm_s[c], norm_w + c);
+        cp_async_commit();
         if (tid < n) {
             float b, gt;
             gates(t0 + tid, h, b, gt);
@@ -669,6 +680,7 @@ __device__ __forceinline__ void gdn_normed_tokens(float* s0, float* s1, float* o
                                     mine, high);
             if ((lane & (GDNN_GROUPS / 2 - 1)) == 0 && mine) os[tok][jm] = o;
         }
+        cp_async_wait_all();  // this thread's copies of z and the norm weight; the barrier: everyone's
         __syncthreads();
         // 3. The norm of each token's dv outputs, a warp a token.
         for (int tok = warp; tok < n; tok += warps) {
@@ -685,9 +697,9 @@ __device__ __forceinline__ void gdn_normed_tokens(float* s0, float* s1, float* o
             for (int m = 0; m < GDNN_MAX_DV / 32; m++) {
                 const int c = lane + 32 * m;
                 if (c < dv) {
-                    const float g = z[base + c];
+                    const float g = zs[tok][c];
                     const float a = use_sigmoid ? sigmoid_f32(g) : silu_f32(g);
-                    out[base + c] = x[m] * inv * norm_w[c] * a;
+                    out[base + c] = x[m] * inv * norm_s[c] * a;
                 }
             }
         }

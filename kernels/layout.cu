@@ -477,6 +477,11 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
     }
 }
 
+// Partial sums a gate thread loads before the inverse RMS: outputs a thread (R + C over the
+// block's threads: 324 over 256 at the real geometry) and streams at most.
+#define HC_PRE_OUTS 2
+#define HC_PRE_STREAMS 4
+
 // hc_read_gate_s's body. When each warp has one channel and its lanes split over the streams with
 // every chunk of an `up` row in one round (decode at the real geometry), a lane loads its `up`
 // chunks into registers before the kernel's wait (hc_read_gate_prefetch_up) and its stream's h
@@ -540,11 +545,34 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         hv = ht[ch];
         nw = hc_norm_weight(w, ch, hid, w_len);
     }
+    // The thread's partial sums are loaded with the sums of squares, in one round trip to L2
+    // rather than one after the other (where each output's C partial sums and a thread's outputs
+    // fit in `pre`): the inverse RMS is needed only to combine them.
+    const bool pre_fits = streams <= HC_PRE_STREAMS && outs <= HC_PRE_OUTS * (long)blockDim.x;
+    float pre[HC_PRE_OUTS][HC_PRE_STREAMS];
+    if (pre_fits) {
+#pragma unroll
+        for (int u = 0; u < HC_PRE_OUTS; u++) {
+            const long o = threadIdx.x + u * (long)blockDim.x;
+#pragma unroll
+            for (int q = 0; q < HC_PRE_STREAMS; q++)
+                pre[u][q] = o < outs && q < streams ? part[(t * outs + o) * streams + q] : 0.0f;
+        }
+    }
     if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);
     __syncthreads();
-    for (long o = threadIdx.x; o < outs; o += blockDim.x) {
+    for (long o = threadIdx.x, u = 0; o < outs; o += blockDim.x, u++) {
         float d = 0.0f;
-        for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];
+        if (pre_fits) {
+#pragma unroll
+            for (int v = 0; v < HC_PRE_OUTS; v++)
+                if (v == u)
+#pragma unroll
+                    for (int q = 0; q < HC_PRE_STREAMS; q++)
+                        if (q < streams) d += inv_s[q] * pre[v][q];
+        } else {
+            for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];
+        }
         if (o < rank)
             act_s[o] = silu_f32(d / (float)streams);
         else if (blockIdx.x == 0)
