@@ -66,13 +66,49 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
 // that depends on blockDim.x, so kernels that must agree bit for bit (norm_rope_f32 and
 // gated_attention_prepare_f32) launch it with the same block size. block_sum's barriers also
 // order this head's writes of hn after the block's reads of it for the previous head.
-__device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const float* w, float* hn, int head_dim,
-                                               int rot, long long position, float eps, double theta) {
+//
+// A thread's first NORM_ROPE_HELD channels (all of them at norm_rope_threads' block size up to
+// head_dim 512) are loaded once, with their weights, before the sum: one round trip to memory
+// where the weights' load after block_sum's barriers was a second one.
+#define NORM_ROPE_HELD 2
+
+// The values and weights of channels threadIdx.x + i * blockDim.x, i < NORM_ROPE_HELD (0 past
+// head_dim), for norm_rope_head_held. Loaded by the caller, so that it can issue them early.
+struct NormRopeHeld {
+    float x[NORM_ROPE_HELD], w[NORM_ROPE_HELD];
+};
+
+__device__ __forceinline__ NormRopeHeld norm_rope_load(const float* xs, const float* w, int head_dim) {
+    NormRopeHeld r;
+#pragma unroll
+    for (int i = 0; i < NORM_ROPE_HELD; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        r.x[i] = c < head_dim ? xs[c] : 0.0f;
+        r.w[i] = c < head_dim ? w[c] : 0.0f;
+    }
+    return r;
+}
+
+// norm_rope_head with the thread's first channels already loaded (the same sums in the same
+// order: the held channels first, then the rest, ascending).
+__device__ __forceinline__ void norm_rope_head_held(const NormRopeHeld& held, float* ys, const float* xs,
+                                                    const float* w, float* hn, int head_dim, int rot,
+                                                    long long position, float eps, double theta) {
     const int half = rot >> 1;
+    const int rest = threadIdx.x + NORM_ROPE_HELD * blockDim.x;  // the first channel not held
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
+#pragma unroll
+    for (int i = 0; i < NORM_ROPE_HELD; i++) {
+        if (threadIdx.x + i * blockDim.x < head_dim) ss += held.x[i] * held.x[i];
+    }
+    for (int c = rest; c < head_dim; c += blockDim.x) ss += xs[c] * xs[c];
     const float inv = rsqrtf(block_sum(ss) / head_dim + eps);
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) hn[c] = xs[c] * inv * (1.0f + w[c]);
+#pragma unroll
+    for (int i = 0; i < NORM_ROPE_HELD; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < head_dim) hn[c] = held.x[i] * inv * (1.0f + held.w[i]);
+    }
+    for (int c = rest; c < head_dim; c += blockDim.x) hn[c] = xs[c] * inv * (1.0f + w[c]);
     __syncthreads();
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
         if (c >= rot) {
@@ -83,6 +119,13 @@ __device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const
             ys[c] = rope_channel(hn, c, rot, cs, sn);
         }
     }
+}
+
+// The head as described above: its held channels loaded first, together.
+__device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const float* w, float* hn, int head_dim,
+                                               int rot, long long position, float eps, double theta) {
+    const NormRopeHeld held = norm_rope_load(xs, w, head_dim);
+    norm_rope_head_held(held, ys, xs, w, hn, head_dim, rot, position, eps, theta);
 }
 
 // NormRope (`Op::NormRope`): a block per (row t, head h) of x [rows, width]: norm_rope_head with
@@ -134,12 +177,29 @@ extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache,
                            start + t, eps, theta);
         } else {
             const long g = h - heads;
+            const long src = t * kw + g * head_dim;
+            const float* w = k_w_len == head_dim ? k_w : k_w + g * head_dim;
+            // The head's k, weights and v, loaded before the row's check (which waits for step[0]):
+            // one round trip with the step instead of two after it.
+            const NormRopeHeld held = norm_rope_load(k_raw + src, w, head_dim);
+            float vh[NORM_ROPE_HELD];
+#pragma unroll
+            for (int i = 0; i < NORM_ROPE_HELD; i++) {
+                const int c = threadIdx.x + i * blockDim.x;
+                vh[i] = c < head_dim ? v[src + c] : 0.0f;
+            }
             const long long r = start + t;
             if (r < 0 || r >= capacity) continue;  // uniform over the block
-            const long src = t * kw + g * head_dim, dst = r * kw + g * head_dim;
-            for (int c = threadIdx.x; c < head_dim; c += blockDim.x) v_cache[dst + c] = v[src + c];
-            const float* w = k_w_len == head_dim ? k_w : k_w + g * head_dim;
-            norm_rope_head(k_cache + dst, k_raw + src, w, hn, head_dim, rot, r, eps, theta);
+            const long dst = r * kw + g * head_dim;
+#pragma unroll
+            for (int i = 0; i < NORM_ROPE_HELD; i++) {
+                const int c = threadIdx.x + i * blockDim.x;
+                if (c < head_dim) v_cache[dst + c] = vh[i];
+            }
+            for (int c = threadIdx.x + NORM_ROPE_HELD * blockDim.x; c < head_dim; c += blockDim.x) {
+                v_cache[dst + c] = v[src + c];
+            }
+            norm_rope_head_held(held, k_cache + dst, k_raw + src, w, hn, head_dim, rot, r, eps, theta);
         }
     }
 }
@@ -200,6 +260,9 @@ extern "C" __global__ void append_rows2_f32(float* dst0, const float* src0, floa
 #define IDX_THREADS 256
 #define IDX_CHUNK 2048
 #define IDX_RUN 8
+// Launches of at most this many rows (decode) have each row's first top-k chunk load its keys
+// and histogram before the row's sizes are known (indexer_select_topk_f32).
+#define IDX_EARLY_ROWS 16
 
 struct IdxWork {
     unsigned int* zero;
@@ -269,15 +332,25 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
             if (i < zero_n) {
                 work[i] = 0u;
             } else {
+                // Loaded before the row's check, which waits for step[0]: one round trip with it.
                 const long e = i - zero_n;
+                const float x = k_raw[(e / head_dim) * k_stride + e % head_dim];
                 const long long r = start + e / head_dim;
-                if (r >= 0 && r < capacity) raw_keys[r * head_dim + e % head_dim] = k_raw[(e / head_dim) * k_stride + e % head_dim];
+                if (r >= 0 && r < capacity) raw_keys[r * head_dim + e % head_dim] = x;
             }
         }
         return;
     }
     const long long b = start / block + blockIdx.x;
     if (b >= (start + rows) / block || b >= nb) return;  // uniform over the thread block
+    // The weights of the thread's first channels, loaded with the raw keys below: loaded after
+    // the sum of squares' barriers, they took a round trip of their own.
+    float wh[NORM_ROPE_HELD];
+#pragma unroll
+    for (int i = 0; i < NORM_ROPE_HELD; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        wh[i] = c < head_dim ? w[c] : 0.0f;
+    }
     float* angle_c = key + head_dim;
     float* angle_s = angle_c + head_dim;
     const int half = rot >> 1;
@@ -315,7 +388,12 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
     }
     __syncthreads();
     const float inv = inv_shared;
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < NORM_ROPE_HELD; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < head_dim) key[c] = __fmul_rn(__fmul_rn(key[c], inv), __fadd_rn(1.0f, wh[i]));
+    }
+    for (int c = threadIdx.x + NORM_ROPE_HELD * blockDim.x; c < head_dim; c += blockDim.x) {
         key[c] = __fmul_rn(__fmul_rn(key[c], inv), __fadd_rn(1.0f, w[c]));
     }
     __syncthreads();
@@ -539,7 +617,8 @@ __device__ __forceinline__ void idx_prefix2(unsigned int a, unsigned int b, unsi
 // bins; with the keys of d1 when d1 holds exactly `want`), its `ties` words zeroed and its keys
 // in d1 appended to the row's candidate list (unless they are more than IDX_LIST: the last
 // chunk then reads them from `ords`). The row's last chunk to finish (a counter, after a
-// fence) finds T, the want-th largest candidate key, with two radix passes over its low 20 bits
+// fence; a row's only chunk keeps its candidates and words in shared memory and goes on at
+// once) finds T, the want-th largest candidate key, with two radix passes over its low 20 bits
 // (1024 bins each; it stops after the first when the bin found is taken whole), sets the
 // candidates above T in `above` and those equal to T in `ties`, and writes the ids of `above`
 // and of the first (want - candidates above T) of `ties`, ascending (a block prefix sum over
@@ -553,12 +632,45 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
     __shared__ unsigned int s_res[4];
     __shared__ unsigned int s_warps[2 * IDX_THREADS / 32];
     __shared__ int s_last;
+    // A row's only chunk (below): its candidate count and its words of `above` and `ties`.
+    __shared__ unsigned int s_count;
+    __shared__ unsigned int s_above[IDX_CHUNK / 32], s_ties[IDX_CHUNK / 32];
     const IdxWork wk = idx_work(work, rows, nb);
     const long long start = step[0];
     const long nw = (nb + 31) / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned int full = 0xffffffffu;
+    constexpr int WARPS = IDX_THREADS / 32, PER_WARP = IDX_CHUNK / IDX_THREADS, HPER = IDX_HBINS / IDX_THREADS;
     for (long t = blockIdx.y; t < rows; t += gridDim.y) {
+        const long long lo = (long long)blockIdx.x * IDX_CHUNK;
+        const unsigned int* ords = wk.ords + t * nb;
+        unsigned int* zero = wk.zero + t * IDX_ZSTRIDE;
+        // This chunk's keys below `end` (a warp takes words warp, warp + 8, ...) and this
+        // thread's bins of the row's histogram [threadIdx.x * HPER, +HPER), loaded before the
+        // search below so that the two overlap.
+        unsigned int keys[PER_WARP], c[HPER];
+        auto load_chunk = [&](long long end) {
+#pragma unroll
+            for (int j = 0; j < PER_WARP; j++) {
+                const long long b = lo + (long long)(warp + j * WARPS) * 32 + lane;
+                keys[j] = b < end ? ords[b] : 0u;
+            }
+            const uint4* h4 = (const uint4*)zero + threadIdx.x * (HPER / 4);
+#pragma unroll
+            for (int j = 0; j < HPER / 4; j++) {
+                const uint4 v = h4[j];
+                c[4 * j] = v.x;
+                c[4 * j + 1] = v.y;
+                c[4 * j + 2] = v.z;
+                c[4 * j + 3] = v.w;
+            }
+        };
+        // A decode row's first chunk (taken by every sparse row) loads them before the row's
+        // sizes, which wait for step[0], are known: one round trip with the step instead of one
+        // after it. Its keys up to the capacity: those past the row's complete blocks are never
+        // used. (Not for many rows: the loads of their dense rows would be wasted.)
+        const bool early = blockIdx.x == 0 && rows <= IDX_EARLY_ROWS;
+        if (early) load_chunk(min(lo + IDX_CHUNK, (long long)nb));
         const long long visible = start + t + 1;
         // Clamped only for a cache that overflowed (the host checks), so nothing is read past it.
         const long long complete = min(visible / block, (long long)nb);
@@ -570,81 +682,91 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
             }
             continue;  // uniform over the thread block
         }
-        const long long lo = (long long)blockIdx.x * IDX_CHUNK;
         if (lo >= complete) continue;
         const long long hi = min(lo + IDX_CHUNK, complete);
-        const unsigned int* ords = wk.ords + t * nb;
-        unsigned int* zero = wk.zero + t * IDX_ZSTRIDE;
         unsigned int* above_w = wk.above + t * nw;
         unsigned int* ties_w = wk.ties + t * nw;
         uint2* list = wk.list + t * IDX_LIST;
-
-        // This chunk's keys (a warp takes words warp, warp + 8, ...), loaded before the search
-        // below so that the two overlap.
-        constexpr int WARPS = IDX_THREADS / 32, PER_WARP = IDX_CHUNK / IDX_THREADS;
-        unsigned int keys[PER_WARP];
-#pragma unroll
-        for (int j = 0; j < PER_WARP; j++) {
-            const long long b = lo + (long long)(warp + j * WARPS) * 32 + lane;
-            keys[j] = b < hi ? ords[b] : 0u;
-        }
+        if (!early) load_chunk(hi);
 
         // The bin of the keep-th largest key.
-        {
-            unsigned int c[IDX_HBINS / IDX_THREADS];
-            const uint4* h4 = (const uint4*)zero + threadIdx.x * (IDX_HBINS / IDX_THREADS / 4);
-#pragma unroll
-            for (int j = 0; j < IDX_HBINS / IDX_THREADS / 4; j++) {
-                const uint4 v = h4[j];
-                c[4 * j] = v.x;
-                c[4 * j + 1] = v.y;
-                c[4 * j + 2] = v.z;
-                c[4 * j + 3] = v.w;
-            }
-            idx_find_bin<IDX_HBINS / IDX_THREADS>(c, (unsigned int)keep, s_res, s_warps);
-        }
+        if (threadIdx.x == 0) s_count = 0u;  // published by idx_find_bin's barriers
+        idx_find_bin<HPER>(c, (unsigned int)keep, s_res, s_warps);
         const unsigned int d1 = s_res[0], want = (unsigned int)keep - s_res[1], in_d1 = s_res[2];
         const bool whole = in_d1 == want;  // every key of d1 is kept
         const bool listed = !whole && in_d1 <= IDX_LIST;
 
-        // Keys above d1 (and d1 when whole) → `above`; keys in d1 → the candidates.
+        // Keys above d1 (and d1 when whole) → `above`; keys in d1 → the candidates. A warp takes
+        // the places of all its words' candidates with one atomicAdd (one round trip, where one
+        // per word with candidates made up to PER_WARP in a row): the list's order changes, not
+        // its keys, and nothing below depends on the order (histograms, bits set by atomicOr).
+        // When the chunk is the row's only one (complete <= IDX_CHUNK: up to 8k tokens at block
+        // 4), no other chunk is waited for and the candidates and the row's words stay in shared
+        // memory (s_ord, s_id, s_above, s_ties): no global atomic, fence or reload on the way,
+        // four or five round trips fewer.
+        static_assert(IDX_CHUNK <= IDX_LIST, "a row's only chunk lists all its candidates");
+        const bool single = complete <= IDX_CHUNK;
+        unsigned int cand[PER_WARP];
+        unsigned int n_cand = 0;
 #pragma unroll
         for (int j = 0; j < PER_WARP; j++) {
             const long long wd = lo / 32 + warp + j * WARPS;
-            if (wd * 32 >= hi) break;  // uniform over the warp
             const long long b = wd * 32 + lane;
-            const bool in = b < hi;
+            const bool in = b < hi;  // none of a word past the chunk's end
             const unsigned int o = keys[j];
             const unsigned int dg = o >> (32 - IDX_HBITS);
             const unsigned int up = __ballot_sync(full, in && (dg > d1 || (whole && dg == d1)));
-            const unsigned int cand = __ballot_sync(full, in && !whole && dg == d1);
-            if (lane == 0) {
-                above_w[wd] = up;
-                ties_w[wd] = 0u;
-            }
-            if (listed && cand != 0u) {
-                unsigned int base = 0;
-                if (lane == 0) base = atomicAdd(&zero[IDX_HBINS], (unsigned int)__popc(cand));
-                base = __shfl_sync(full, base, 0);
-                if ((cand >> lane) & 1u) list[base + __popc(cand & ((1u << lane) - 1u))] = make_uint2(o, (unsigned int)b);
+            cand[j] = __ballot_sync(full, in && !whole && dg == d1);
+            n_cand += __popc(cand[j]);
+            if (lane == 0 && wd * 32 < hi) {
+                if (single) {
+                    s_above[wd] = up;
+                    s_ties[wd] = 0u;
+                } else {
+                    above_w[wd] = up;
+                    ties_w[wd] = 0u;
+                }
             }
         }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const unsigned int chunks = (unsigned int)((complete + IDX_CHUNK - 1) / IDX_CHUNK);
-            s_last = atomicAdd(&zero[IDX_HBINS + 1], 1u) == chunks - 1;
+        if (listed && n_cand != 0u) {  // uniform over the warp
+            unsigned int base = 0;
+            if (lane == 0) base = single ? atomicAdd(&s_count, n_cand) : atomicAdd(&zero[IDX_HBINS], n_cand);
+            base = __shfl_sync(full, base, 0);
+#pragma unroll
+            for (int j = 0; j < PER_WARP; j++) {
+                if ((cand[j] >> lane) & 1u) {
+                    const unsigned int i = base + __popc(cand[j] & ((1u << lane) - 1u));
+                    const unsigned int b = (unsigned int)((lo / 32 + warp + j * WARPS) * 32 + lane);
+                    if (single) {
+                        s_ord[i] = keys[j];
+                        s_id[i] = b;
+                    } else {
+                        list[i] = make_uint2(keys[j], b);
+                    }
+                }
+                base += __popc(cand[j]);
+            }
         }
-        __syncthreads();
-        if (!s_last) continue;  // uniform over the thread block
-        __threadfence();
+        if (single) {
+            __syncthreads();  // the chunk's words and candidates are written
+        } else {
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const unsigned int chunks = (unsigned int)((complete + IDX_CHUNK - 1) / IDX_CHUNK);
+                s_last = atomicAdd(&zero[IDX_HBINS + 1], 1u) == chunks - 1;
+            }
+            __syncthreads();
+            if (!s_last) continue;  // uniform over the thread block
+            __threadfence();
+        }
 
         // The row's last chunk: T among the candidates, unless d1 is kept whole.
         unsigned int T = 0, ties_kept = 0;
         bool inclusive = true;  // keys == T are all kept
         if (!whole) {
             const unsigned int n = listed ? in_d1 : (unsigned int)complete;
-            if (listed) {
+            if (listed && !single) {
                 for (unsigned int i = threadIdx.x; i < n; i += IDX_THREADS) {
                     const uint2 e = __ldcg(&list[i]);
                     s_ord[i] = e.x;
@@ -690,10 +812,14 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
             if (listed) {
                 for (unsigned int i = threadIdx.x; i < n; i += IDX_THREADS) {
                     const unsigned int o = s_ord[i], b = s_id[i];
-                    if (o > T || (inclusive && o == T)) {
-                        atomicOr(&above_w[b >> 5], 1u << (b & 31));
-                    } else if (o == T) {
-                        atomicOr(&ties_w[b >> 5], 1u << (b & 31));
+                    const bool up = o > T || (inclusive && o == T);
+                    const unsigned int bit = 1u << (b & 31);
+                    if (up || o == T) {
+                        if (single) {
+                            atomicOr((up ? s_above : s_ties) + (b >> 5), bit);
+                        } else {
+                            atomicOr((up ? above_w : ties_w) + (b >> 5), bit);
+                        }
                     }
                 }
             } else {
@@ -714,18 +840,22 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
         const long words = (complete + 31) / 32;
         const long per = (words + IDX_THREADS - 1) / IDX_THREADS;
         const long w0 = min(words, threadIdx.x * per), w1 = min(words, w0 + per);
+        // Word wd of `above`, `ties`: a row's only chunk keeps them in shared memory; else from
+        // L2 (the other chunks' atomics set bits there).
+        auto up_word = [&](long wd) { return single ? s_above[wd] : __ldcg(&above_w[wd]); };
+        auto eq_word = [&](long wd) { return single ? s_ties[wd] : __ldcg(&ties_w[wd]); };
         unsigned int up_run[IDX_RUN], eq_run[IDX_RUN];
         unsigned int n_above = 0, n_ties = 0;
 #pragma unroll
         for (int j = 0; j < IDX_RUN; j++) {
-            up_run[j] = w0 + j < w1 ? __ldcg(&above_w[w0 + j]) : 0u;
-            eq_run[j] = w0 + j < w1 ? __ldcg(&ties_w[w0 + j]) : 0u;
+            up_run[j] = w0 + j < w1 ? up_word(w0 + j) : 0u;
+            eq_run[j] = w0 + j < w1 ? eq_word(w0 + j) : 0u;
             n_above += __popc(up_run[j]);
             n_ties += __popc(eq_run[j]);
         }
         for (long wd = w0 + IDX_RUN; wd < w1; wd++) {
-            n_above += __popc(__ldcg(&above_w[wd]));
-            n_ties += __popc(__ldcg(&ties_w[wd]));
+            n_above += __popc(up_word(wd));
+            n_ties += __popc(eq_word(wd));
         }
         unsigned int pos, rank;
         idx_prefix2(n_above, n_ties, &pos, &rank, s_warps);
@@ -746,7 +876,7 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
         };
 #pragma unroll
         for (int j = 0; j < IDX_RUN; j++) emit(w0 + j, up_run[j], eq_run[j]);
-        for (long wd = w0 + IDX_RUN; wd < w1; wd++) emit(wd, __ldcg(&above_w[wd]), __ldcg(&ties_w[wd]));
+        for (long wd = w0 + IDX_RUN; wd < w1; wd++) emit(wd, up_word(wd), eq_word(wd));
         if (threadIdx.x == 0) {
             out[0] = (int)visible;
             out[1] = keep;
@@ -984,6 +1114,7 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
     static_assert(G % 4 == 0 && G <= SPLIT_MAX_GROUP, "heads are weighed four at a time, two per warp");
     extern __shared__ float4 split_smem[];  // [group][SPLIT_MAX_QUADS]
     __shared__ int position[SPLIT_CHUNK];
+    __shared__ int2 guess[SPLIT_CHUNK];  // a guess at the first chunk's selected blocks (below)
     __shared__ __align__(16) float weight[SPLIT_CHUNK * SPLIT_PITCH];  // [position][head]
     __shared__ float alpha_shared[SPLIT_MAX_GROUP];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1012,9 +1143,26 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
         const float* vbase = v_cache + (long)kvh * head_dim;
         const long head0 = t * heads + (long)kvh * group;  // the group's first query head
 
+        // The selected block of this thread's first position, guessed before the row's header
+        // is back (a sparse row: n = keep*block plus a partial block, whose few positions rarely
+        // change `per`) and loaded with it: the first chunk's positions then take no round trip
+        // of their own where the guess holds (checked: else the block is read again). Kept in
+        // shared memory, not registers, through the chunks.
+        int2 g = make_int2(-1, 0);  // {block index, its selected block}
+        if (tid < SPLIT_CHUNK && keep > 0 && (long long)keep * block <= (1 << 30)) {  // int arithmetic, as n's
+            const int n_g = keep * block;
+            const int per_g = n_g / splits + (n_g % splits != 0);
+            const int j_g = s * per_g + tid;
+            if (j_g < n_g) {
+                g.x = j_g / block;
+                g.y = srow[2 + g.x];
+            }
+        }
+
         const float4* qg = reinterpret_cast<const float4*>(q + head0 * head_dim);
 #pragma unroll 4
         for (int e = tid; e < group * hd4; e += blockDim.x) split_smem[(e / hd4) * SPLIT_MAX_QUADS + e % hd4] = qg[e];
+        if (tid < SPLIT_CHUNK) guess[tid] = g;  // after q's loads: it waits for the guess's
         float4 acc[G];
 #pragma unroll
         for (int h = 0; h < G; h++) acc[h] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1030,7 +1178,9 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
                     if (count < 0) {
                         p = j;
                     } else if (j < in_blocks) {
-                        p = (long long)srow[2 + j / block] * block + j % block;
+                        const int jb = j / block;
+                        const int2 g = guess[tid];
+                        p = (long long)(jb == g.x ? g.y : srow[2 + jb]) * block + j % block;
                     } else {
                         p = complete * block + (j - in_blocks);
                     }
@@ -1094,6 +1244,15 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
                     }
                 }
             }
+            // The V quads this thread accumulates below, loaded before the softmax and its two
+            // barriers, under which their latency hides (loaded after them, they took a round
+            // trip to L2 of their own).
+            float4 vr[SPLIT_CHUNK / 4];
+#pragma unroll
+            for (int i = 0; i < SPLIT_CHUNK / 4; i++) {
+                const int p = position[pg + 4 * i];  // -1 past the chunk's end
+                vr[i] = c4 < hd4 && p >= 0 ? ldg_f4(vbase + p * kw + 4 * c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
             __syncthreads();
 
             // Online softmax of heads warp and warp + 8 over the chunk (lane = position).
@@ -1123,12 +1282,6 @@ __device__ __forceinline__ void attention_split(float* part_acc, float* part_ml,
 #pragma unroll
                 for (int h = 0; h < G; h++) {
                     if (h < group) scale4(acc[h], alpha_shared[h]);
-                }
-                float4 vr[SPLIT_CHUNK / 4];
-#pragma unroll
-                for (int i = 0; i < SPLIT_CHUNK / 4; i++) {
-                    const int p = position[pg + 4 * i];  // -1 past the chunk's end
-                    vr[i] = p >= 0 ? ldg_f4(vbase + p * kw + 4 * c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
                 for (int i = 0; i < SPLIT_CHUNK / 4; i++) {
@@ -1219,6 +1372,14 @@ ATTENTION_SPLIT_KERNEL(attention_split_upto16_f32, 16, false)
 
 // Thread (sg = tid/64, c4 = tid%64) sums quad c4 over the splits sg, sg + 4, ... (independent
 // loads, several in flight); the four split groups are then summed in shared memory.
+//
+// Every load a task needs is issued at its start, in one round trip: the gate quad, the splits'
+// (m, l) (SPLIT_ML_HELD a thread: up to 1024 splits) and the thread's first SPLIT_ACC_HELD
+// accumulator quads (17: all of them at the real decode's 65 splits), held in registers through
+// the max and the sums. Loaded after the sums, eight at a time, the quads took three round trips
+// there (and (m, l) a reload after the max); the arithmetic and its order are unchanged.
+#define SPLIT_ML_HELD 4
+#define SPLIT_ACC_HELD 17
 template <bool GATED>
 __device__ __forceinline__ void attention_split_combine(float* out, const float* part_acc, const float* part_ml,
                                                         const float* qg, long rows, int heads, int head_dim,
@@ -1238,22 +1399,49 @@ __device__ __forceinline__ void attention_split_combine(float* out, const float*
             g4 = quad ? *reinterpret_cast<const float4*>(g) : make_float4(g[0], g[1], g[2], g[3]);
         }
         const float2* ml = ml_all + task * splits;
+        const float4* a = reinterpret_cast<const float4*>(part_acc + task * splits * (long)head_dim);
+        float2 mlh[SPLIT_ML_HELD];
+#pragma unroll
+        for (int i = 0; i < SPLIT_ML_HELD; i++) {
+            const int s = threadIdx.x + i * blockDim.x;
+            mlh[i] = s < splits ? ml[s] : make_float2(NEG_INF, 0.0f);
+        }
+        float4 ah[SPLIT_ACC_HELD];
+#pragma unroll
+        for (int i = 0; i < SPLIT_ACC_HELD; i++) {
+            const int s = sg + 4 * i;
+            ah[i] = c4 < hd4 && s < splits ? a[(long)s * hd4 + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        const int ml_rest = threadIdx.x + SPLIT_ML_HELD * blockDim.x;  // the first split not held
         float mx = NEG_INF;
-        for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
+#pragma unroll
+        for (int i = 0; i < SPLIT_ML_HELD; i++) {
+            if (threadIdx.x + i * blockDim.x < splits) mx = fmaxf(mx, mlh[i].x);
+        }
+        for (int s = ml_rest; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
         const float m = block_max_f32(mx);
         float lsum = 0.0f;
-        for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-            const float2 v = ml[s];
+        auto weigh = [&](int s, float2 v) {
             const float w = v.x == NEG_INF ? 0.0f : expf(v.x - m);
             split_weight[s] = w;
             lsum += v.y * w;
+        };
+#pragma unroll
+        for (int i = 0; i < SPLIT_ML_HELD; i++) {
+            const int s = threadIdx.x + i * blockDim.x;
+            if (s < splits) weigh(s, mlh[i]);
         }
+        for (int s = ml_rest; s < splits; s += blockDim.x) weigh(s, ml[s]);
         const float l = block_sum(lsum);  // its barriers publish split_weight
-        const float4* a = reinterpret_cast<const float4*>(part_acc + task * splits * (long)head_dim);
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c4 < hd4) {
+#pragma unroll
+            for (int i = 0; i < SPLIT_ACC_HELD; i++) {
+                const int s = sg + 4 * i;
+                if (s < splits) fma4(o, split_weight[s], ah[i]);
+            }
 #pragma unroll 8
-            for (int s = sg; s < splits; s += 4) fma4(o, split_weight[s], a[(long)s * hd4 + c4]);
+            for (int s = sg + 4 * SPLIT_ACC_HELD; s < splits; s += 4) fma4(o, split_weight[s], a[(long)s * hd4 + c4]);
             if (sg > 0) partial[sg - 1][c4] = o;
         }
         __syncthreads();
