@@ -197,12 +197,103 @@ __device__ __forceinline__ float moe_shared_row(const float* st, const W* wd, lo
     return warp_sum(acc[0]);
 }
 
-// Row r of token t into the C streams: h + inj ⊗ (a + shared · gate).
-__device__ __forceinline__ void moe_shared_store(float* out, const float* h, const float* inj, const float* a,
+// Chunks a thread takes of the gate's dot product (over the block) and a lane of a down row's
+// (over the warp) on moe_shared_gate_row's short path: 2560 and 640 wide at the real shape.
+#define MOE_SHARED_CHUNKS 3
+
+// A thread's activation chunks first, first + stride, ... (< chunks, at most MAX) of a, loaded
+// together, then their products with the weight chunks `raw` (short_chunks_load's) summed in
+// chunk order: short_chunks_dot's sums, every activation load issued before the first product
+// (short_chunks_dot's, between the products, were waited for one after another).
+template <int N, int MAX>
+__device__ __forceinline__ void short_acts_load(const float* a, long chunks, long first, long stride,
+                                                float (&av)[MAX][N]) {
+#pragma unroll
+    for (int u = 0; u < MAX; u++)
+        if (first + u * stride < chunks) act_chunk<N>(a, first + u * stride, av[u]);
+}
+
+template <typename W, int MAX>
+__device__ __forceinline__ float short_held_dot(const float (&av)[MAX][WeightVec<W>::N], const uint4* raw,
+                                                long chunks, long first, long stride) {
+    constexpr int N = WeightVec<W>::N;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < MAX; u++) {
+        if (first + u * stride < chunks) {
+            float wv[N];
+            WeightVec<W>::unpack(raw[u], wv);
+#pragma unroll
+            for (int j = 0; j < N; j++) acc += av[u][j] * wv[j];
+        }
+    }
+    return acc;
+}
+
+// Whether moe_shared_gate_row takes the gate and a down row: both short (at most
+// MOE_SHARED_CHUNKS chunks a thread of each) and in 16-byte chunks.
+template <typename W>
+__device__ __forceinline__ bool moe_shared_short(const float* xt, const float* wg, const float* st, const W* wd,
+                                                 long hid, long inter) {
+    constexpr int N = WeightVec<W>::N;
+    return hid % 4 == 0 && aligned16(xt) && aligned16(wg) && hid / 4 <= MOE_SHARED_CHUNKS * (long)blockDim.x &&
+           inter % N == 0 && aligned16(st) && aligned16(wd) && inter / N <= MOE_SHARED_CHUNKS * 32;
+}
+
+// The gate sigmoid(x·wg) (every thread) and row r's down projection (every lane of the warp),
+// where moe_shared_short: everything loaded at once, the gate's weight and activation chunks and
+// the row's weight chunks into registers, the token's s row into shared memory (cp.async, shared
+// by the block's warps; no registers held; issued last, as the compiler puts its wait early).
+// One round trip to memory, where the gate's loop (a chunk a round after the first), its block
+// sum, then the row's loop took up to six. The same products in the same order as block_dot and
+// moe_shared_row (strided_dot's and row_dots' chunk order; a product's factors commute exactly).
+template <typename W>
+__device__ __forceinline__ void moe_shared_gate_row(float& gate, float& shared, const float* xt, const float* wg,
+                                                    const float* st, const W* wd, long r, long hid, long inter) {
+    constexpr int N = WeightVec<W>::N, C = MOE_SHARED_CHUNKS;
+    __shared__ __align__(16) float s_row[C * 32 * N];
+    const long gate_chunks = hid / 4, row_chunks = inter / N, stride = blockDim.x;
+    const int lane = threadIdx.x & 31;
+    uint4 gate_raw[C], row_raw[C];
+    float xv[C][4];
+    short_chunks_load<W, C>(wd + r * inter, row_chunks, lane, 32, row_raw);
+    short_chunks_load<float, C>(wg, gate_chunks, threadIdx.x, stride, gate_raw);
+    short_acts_load<4, C>(xt, gate_chunks, threadIdx.x, stride, xv);
+    for (long i = threadIdx.x; i < inter / 4; i += stride) cp_async16(shared_addr(s_row + 4 * i), st + 4 * i, true);
+    cp_async_commit();
+    const float g = short_held_dot<float, C>(xv, gate_raw, gate_chunks, threadIdx.x, stride);
+    cp_async_wait_all();
+    gate = sigmoid_f32(block_sum(g));  // its barrier makes every thread's copies of s visible
+    shared = warp_sum(short_chunks_dot<W, C>(s_row, row_raw, row_chunks, lane, 32));
+}
+
+// Row r of token t's store inputs for this lane: a[t, r], and for lane c < C stream c's h and inj.
+struct MoeSharedIn {
+    float a, h, inj;
+};
+
+__device__ __forceinline__ MoeSharedIn moe_shared_in(const float* h, const float* inj, const float* a, long t, long r,
+                                                     long hid, int streams) {
+    const int c = threadIdx.x & 31;
+    MoeSharedIn in{a[t * hid + r], 0.0f, 0.0f};
+    if (c < streams) {
+        in.h = h[t * streams * hid + (long)c * hid + r];
+        in.inj = inj[t * streams + c];
+    }
+    return in;
+}
+
+// Row r of token t into the C streams: h + inj ⊗ (a + shared · gate), from `in` (loaded by
+// moe_shared_in: a, h and inj at once, where the store's loop read h and inj only once the sum
+// with a was formed, a round trip later); streams past 32 read here.
+__device__ __forceinline__ void moe_shared_store(float* out, const float* h, const float* inj, const MoeSharedIn& in,
                                                  long t, long r, float gate, float shared, long hid, int streams) {
-    const float y = a[t * hid + r] + shared * gate;
+    const float y = in.a + shared * gate;
     const long width = (long)streams * hid;
-    for (int c = threadIdx.x & 31; c < streams; c += 32) {
+    const int lane = threadIdx.x & 31;
+    if (lane < streams) out[t * width + (long)lane * hid + r] = in.h + __fmul_rn(in.inj, y);
+#pragma unroll 1
+    for (int c = lane + 32; c < streams; c += 32) {
         const long o = t * width + (long)c * hid + r;
         out[o] = h[o] + __fmul_rn(inj[t * streams + c], y);
     }
@@ -210,26 +301,36 @@ __device__ __forceinline__ void moe_shared_store(float* out, const float* h, con
 
 // With inputs_ready (x and s are ready: the routed output a is the node ahead's) and a warp for
 // every row, a block runs ahead (kernels/common.cuh): the gate and its warps' rows of the down
-// projection before the wait, the sums and stores after it.
+// projection before the wait, the sums and stores after it. Otherwise the first row's store
+// inputs are loaded with the gate's and the row's chunks: one round trip to memory for all.
 #define MOE_SHARED_WRITE_KERNEL(W, SUFFIX)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) moe_shared_write_reference_##SUFFIX(                    \
         float* out, const float* h, const float* inj, const float* x, const float* s, const float* a,         \
         const W* wd, const float* wg, long hid, long inter, int streams, int inputs_ready) {                  \
         prefetch_first_rows(wd, inter, hid, blockDim.x >> 5);                                                \
         const long t = blockIdx.y, warps = blockDim.x >> 5;                                                   \
-        const long first = blockIdx.x * warps + (threadIdx.x >> 5);                                           \
+        const long first = blockIdx.x * warps + (threadIdx.x >> 5), row = min(first, hid - 1);               \
         const bool ahead = inputs_ready && hid <= (long)gridDim.x * warps;                                    \
         wait_for_producers_unless(ahead);                                                                     \
-        const float gate = sigmoid_f32(block_dot(x + t * hid, wg, hid));                                      \
-        if (ahead) {                                                                                          \
-            const float shared = moe_shared_row<W>(s + t * inter, wd, min(first, hid - 1), inter);           \
-            wait_for_producers();                                                                             \
-            if (first < hid) moe_shared_store(out, h, inj, a, t, first, gate, shared, hid, streams);          \
+        MoeSharedIn in{0.0f, 0.0f, 0.0f};                                                                     \
+        float gate, shared;                                                                                   \
+        if (moe_shared_short<W>(x + t * hid, wg, s + t * inter, wd, hid, inter)) {                           \
+            if (!ahead) in = moe_shared_in(h, inj, a, t, row, hid, streams);                                 \
+            moe_shared_gate_row<W>(gate, shared, x + t * hid, wg, s + t * inter, wd, row, hid, inter);       \
         } else {                                                                                              \
-            for (long r = first; r < hid; r += gridDim.x * warps) {                                           \
-                const float shared = moe_shared_row<W>(s + t * inter, wd, r, inter);                          \
-                moe_shared_store(out, h, inj, a, t, r, gate, shared, hid, streams);                           \
-            }                                                                                                 \
+            gate = sigmoid_f32(block_dot(x + t * hid, wg, hid));                                              \
+            shared = moe_shared_row<W>(s + t * inter, wd, row, inter);                                        \
+            if (!ahead) in = moe_shared_in(h, inj, a, t, row, hid, streams);                                 \
+        }                                                                                                     \
+        if (ahead) {                                                                                          \
+            wait_for_producers();                                                                             \
+            in = moe_shared_in(h, inj, a, t, row, hid, streams);                                             \
+        }                                                                                                     \
+        if (first < hid) moe_shared_store(out, h, inj, in, t, first, gate, shared, hid, streams);            \
+        for (long r = first + gridDim.x * warps; r < hid; r += gridDim.x * warps) {                          \
+            const float shared_r = moe_shared_row<W>(s + t * inter, wd, r, inter);                            \
+            moe_shared_store(out, h, inj, moe_shared_in(h, inj, a, t, r, hid, streams), t, r, gate, shared_r, \
+                             hid, streams);                                                                   \
         }                                                                                                     \
     }
 
@@ -259,6 +360,42 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
     }
 }
 
+// linear_hc_write's one-token form on linear_group1's blocks: out[c, r] = h[c, r] + inj[c] * y[r]
+// for the G rows of a block. Lane c of warp 0 loads its stream's h values of the G rows and
+// inj[c] once the products are formed (block_dots' before_sums), all at once and in flight
+// during the block's reduction. Loaded in the stores' loop, each row's loads waited behind the
+// previous row's stores (out may be h, for all the compiler knows): G round trips to memory
+// after the last weights (4 of the 7 of the 6144 -> 2560 projection). (Loaded before the
+// products, they spilled registers at the 48 the bound allows.) Streams past 32 are read after
+// the sums, as before. The same sums and products.
+template <typename W, int G, int U>
+__device__ __forceinline__ void linear_hc_write_group1(float* out, const float* h, const float* inj, const float* x,
+                                                       const W* w, long k, long n, int streams) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool held = warp == 0 && lane < streams;  // this lane's stream c = lane, loaded ahead
+    for (long r0 = blockIdx.x * (long)G; r0 < n; r0 += gridDim.x * (long)G) {
+        const int here = (int)min((long)G, n - r0);
+        float sums[G], hv[G], iv = 0.0f;
+        block_dots<W, G, U>(x, [&](int g) { return w + (r0 + g) * k; }, k, here, sums, [&] {
+#pragma unroll
+            for (int g = 0; g < G; g++) hv[g] = held && g < here ? h[(long)lane * n + r0 + g] : 0.0f;
+            if (held) iv = inj[lane];
+        });
+        if (warp == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                if (g < here) {
+                    const long r = r0 + g;
+                    if (held) out[(long)lane * n + r] = hv[g] + __fmul_rn(iv, sums[g]);
+#pragma unroll 1
+                    for (int c = lane + 32; c < streams; c += 32)
+                        out[(long)c * n + r] = h[(long)c * n + r] + __fmul_rn(inj[c], sums[g]);
+                }
+            }
+        }
+    }
+}
+
 // Loads in flight per thread: U chunks of each of the G rows (about four in all).
 // Blocks of 256 threads (launch::linear); enough of them resident a multiprocessor that its
 // loads in flight cover the memory latency (the compiler keeps registers within the bound).
@@ -278,10 +415,7 @@ __device__ __forceinline__ void linear_group1(const float* x, const W* w, long k
         float* out, const float* h, const float* inj, const float* x, const W* w, long k, long n, int streams) { \
         prefetch_first_rows(w, k, n, G);                                                                      \
         wait_for_producers();                                                                                 \
-        linear_group1<W, G, U>(x, w, k, n, blockIdx.x, gridDim.x, [&](long r, float s) {                                             \
-            for (int c = threadIdx.x & 31; c < streams; c += 32)                                              \
-                out[(long)c * n + r] = h[(long)c * n + r] + __fmul_rn(inj[c], s);                             \
-        });                                                                                                   \
+        linear_hc_write_group1<W, G, U>(out, h, inj, x, w, k, n, streams);                                    \
     }
 
 // (G, U): G rows a block, U chunks of each row in flight per thread. (U = 3, which takes a row of

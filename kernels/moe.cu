@@ -415,6 +415,32 @@ EXPERTS_GATE_UP_KERNEL(bf16_t, bf16)
 // One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
 // this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of
 // DOWN_BATCH loads. Reduced over the group by the caller.
+// A batch of down_share: the weight chunks i0, i0 + lanes, ... (< n, at most DOWN_BATCH) of row
+// dr, then their products with the act row's chunks added to d in chunk order.
+template <typename W>
+__device__ __forceinline__ void down_batch_load(const W* dr, long n, long i0, int lanes, uint4 (&wp)[DOWN_BATCH]) {
+#pragma unroll
+    for (int b = 0; b < DOWN_BATCH; b++)
+        if (i0 + (long)lanes * b < n) wp[b] = WeightVec<W>::load(dr, i0 + (long)lanes * b);
+}
+
+template <typename W>
+__device__ __forceinline__ float down_batch_dot(float d, const float* ar, long n, long i0, int lanes,
+                                                const uint4 (&wp)[DOWN_BATCH]) {
+    constexpr int N = WeightVec<W>::N;
+#pragma unroll
+    for (int b = 0; b < DOWN_BATCH; b++) {
+        if (i0 + (long)lanes * b < n) {
+            float av[N], wv[N];
+            act_chunk<N>(ar, i0 + (long)lanes * b, av);
+            WeightVec<W>::unpack(wp[b], wv);
+#pragma unroll
+            for (int q = 0; q < N; q++) d += wv[q] * av[q];
+        }
+    }
+    return d;
+}
+
 template <typename W>
 __device__ __forceinline__ float down_share(const W* dr, const float* ar, long inter, int sl, int lanes) {
     constexpr int N = WeightVec<W>::N;
@@ -423,19 +449,8 @@ __device__ __forceinline__ float down_share(const W* dr, const float* ar, long i
         const long n = inter / N;
         for (long i0 = sl; i0 < n; i0 += (long)lanes * DOWN_BATCH) {
             uint4 wp[DOWN_BATCH];
-#pragma unroll
-            for (int b = 0; b < DOWN_BATCH; b++)
-                if (i0 + (long)lanes * b < n) wp[b] = WeightVec<W>::load(dr, i0 + (long)lanes * b);
-#pragma unroll
-            for (int b = 0; b < DOWN_BATCH; b++) {
-                if (i0 + (long)lanes * b < n) {
-                    float av[N], wv[N];
-                    act_chunk<N>(ar, i0 + (long)lanes * b, av);
-                    WeightVec<W>::unpack(wp[b], wv);
-#pragma unroll
-                    for (int q = 0; q < N; q++) d += wv[q] * av[q];
-                }
-            }
+            down_batch_load<W>(dr, n, i0, lanes, wp);
+            d = down_batch_dot<W>(d, ar, n, i0, lanes, wp);
         }
     } else {
         for (long i = sl; i < inter; i += lanes) d += WeightVec<W>::one(dr, i) * ar[i];
@@ -522,7 +537,13 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
 // (16.1 us), two products a group at once with the ids staged (16.4 us at 3 blocks an SM, 21.6
 // at 106 registers): results/2026-11-30-trace-moe-down-*.log; 4 rows a block (18.4 us:
 // results/2026-11-30-trace-ple-ids-hc-gate.log).
-// Dynamic shared memory: top_k * inter + DOWN_ROWS * top_k floats.
+// Round trips to memory before the first product: the staging is cp.async (a load and a store a
+// thread per 16 bytes, one after another, took 7 round trips for the 1600 16-byte units), the
+// token's ids and router weights are staged with it (each round read its id from memory after
+// the barrier, and the final sums the weights), and each group's first product, whose expert it
+// reads from memory itself, has its weight chunks loaded before the staging is waited for (when
+// a lane's chunks of a row are one batch, as at the real shape). The same products and sums.
+// Dynamic shared memory: top_k * inter floats, top_k i64, (DOWN_ROWS + 1) * top_k floats.
 #define DOWN_ROWS 8
 #define DOWN_ROWS_THREADS 256
 
@@ -530,34 +551,63 @@ template <typename W>
 __device__ __forceinline__ void experts_down_rows(float* y, const float* act, const long long* ids, const float* w,
                                                   const W* down, int top_k, long hidden, long inter, long experts,
                                                   int lanes) {
+    constexpr int N = WeightVec<W>::N;
     extern __shared__ __align__(16) float down_smem[];
-    float* acts = down_smem;                        // [top_k, inter]
-    float* dots = down_smem + (long)top_k * inter;  // [DOWN_ROWS, top_k]
+    float* acts = down_smem;  // [top_k, inter]
+    long long* slot_e = reinterpret_cast<long long*>(down_smem + (long)top_k * inter);  // [top_k]
+    float* dots = reinterpret_cast<float*>(slot_e + top_k);                          // [DOWN_ROWS, top_k]
+    float* slot_w = dots + DOWN_ROWS * top_k;                                        // [top_k]
     const long t = blockIdx.x / (hidden / DOWN_ROWS), r0 = (blockIdx.x - t * (hidden / DOWN_ROWS)) * DOWN_ROWS;
     const int sl = (threadIdx.x & 31) % lanes, group = threadIdx.x / lanes, groups = blockDim.x / lanes;
+    const int products = DOWN_ROWS * top_k;
+    // This group's first product (d = group): its expert, read here, and its weight chunks.
+    const int rr0 = group / top_k, j0 = group - rr0 * top_k;
+    const long long e0 = group < products ? ids[t * top_k + j0] : -1;
+    const long n = inter / N;
+    const bool one_batch = inter % N == 0 && aligned16(down) && n <= (long)lanes * DOWN_BATCH;
     const long n4 = (long)top_k * inter / 4;
     const float4* src = reinterpret_cast<const float4*>(act + t * top_k * inter);
     float4* dst = reinterpret_cast<float4*>(acts);
-    for (long i = threadIdx.x; i < n4; i += blockDim.x) dst[i] = src[i];
+    for (long i = threadIdx.x; i < n4; i += blockDim.x) cp_async16(shared_addr(dst + i), src + i, true);
+    cp_async_commit();
+    for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+        slot_e[j] = ids[t * top_k + j];
+        slot_w[j] = w[t * top_k + j];
+    }
+    uint4 wp[DOWN_BATCH];
+    const bool first_early = one_batch && e0 >= 0 && e0 < experts;
+    if (first_early) down_batch_load<W>(down + (e0 * hidden + r0 + rr0) * inter, n, sl, lanes, wp);
+    cp_async_wait_all();
     __syncthreads();
-    const int products = DOWN_ROWS * top_k;
     // Every lane of a warp runs the same rounds (the shuffles take the whole warp).
-    for (int d0 = 0; d0 < products; d0 += groups) {
+    auto finish = [&](int d, float v) {
+        for (int off = lanes >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(MOE_FULL_MASK, v, off);
+        if (sl == 0 && d < products) dots[d] = v;
+    };
+    if (products > 0) {  // the first round: its weights are in flight
+        float v = 0.0f;
+        if (group < products)
+            v = (e0 < 0 || e0 >= experts) ? MOE_NAN
+                : first_early ? down_batch_dot<W>(0.0f, acts + (long)j0 * inter, n, sl, lanes, wp)
+                              : down_share<W>(down + (e0 * hidden + r0 + rr0) * inter, acts + (long)j0 * inter, inter,
+                                              sl, lanes);
+        finish(group, v);
+    }
+    for (int d0 = groups; d0 < products; d0 += groups) {
         const int d = d0 + group;
         float v = 0.0f;
         if (d < products) {
             const int rr = d / top_k, j = d - rr * top_k;
-            const long long e = ids[t * top_k + j];
+            const long long e = slot_e[j];
             v = (e < 0 || e >= experts) ? MOE_NAN
                                         : down_share<W>(down + (e * hidden + r0 + rr) * inter, acts + (long)j * inter,
                                                         inter, sl, lanes);
         }
-        for (int off = lanes >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(MOE_FULL_MASK, v, off);
-        if (sl == 0 && d < products) dots[d] = v;
+        finish(d, v);
     }
     __syncthreads();
     if (threadIdx.x < DOWN_ROWS)
-        y[t * hidden + r0 + threadIdx.x] = slot_sum(w + t * top_k, dots + threadIdx.x * top_k, top_k);
+        y[t * hidden + r0 + threadIdx.x] = slot_sum(slot_w, dots + threadIdx.x * top_k, top_k);
 }
 
 #define EXPERTS_DOWN_ROWS_KERNEL(W, SUFFIX)                                                                        \

@@ -26,16 +26,52 @@ __device__ __forceinline__ float ple_inv_rms(float sum_sq, long hid, float eps) 
     return 1.0f / sqrtf(block_sum(sum_sq) / (float)hid + eps);
 }
 
-// Channel c's term of <key, query>: each normed value formed as the reference's norm forms it.
-__device__ __forceinline__ float ple_key_query(float xk, float xh, float inv_k, float inv_q, const float* norm_key,
-                                               long nk_len, const float* norm_query, long nq_len, long s, long c,
-                                               long hid) {
-    const float k = xk * inv_k * ple_scale(norm_key, nk_len, s, c, hid);
-    const float q = xh * inv_q * ple_scale(norm_query, nq_len, s, c, hid);
+// Channel c's term of <key, query>: each normed value formed as the reference's norm forms it
+// (scales 1 + wk, 1 + wq: the channel's norm weights).
+__device__ __forceinline__ float ple_key_query_w(float xk, float xh, float inv_k, float inv_q, float wk, float wq) {
+    const float k = xk * inv_k * (1.0f + wk);
+    const float q = xh * inv_q * (1.0f + wq);
     return k * q;
 }
 
-// The longest window (past rows) kept in registers by ple_conv; a longer one is read and shifted
+__device__ __forceinline__ float ple_key_query(float xk, float xh, float inv_k, float inv_q, const float* norm_key,
+                                               long nk_len, const float* norm_query, long nq_len, long s, long c,
+                                               long hid) {
+    return ple_key_query_w(xk, xh, inv_k, inv_q, norm_key[ple_norm_start(nk_len, s, hid) + c],
+                           norm_query[ple_norm_start(nq_len, s, hid) + c]);
+}
+
+// cp_async4 (common.cuh) into a __shared__ array: the shared address taken directly (through a
+// generic pointer it cost tens of instructions a copy).
+__device__ __forceinline__ void ple_copy4(float* dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+// Threads a block has at most (the launch bounds; launch::ple's MAX_THREADS), and the channels
+// of a stream a block keeps in shared memory: those a thread holds in registers.
+#define PLE_MIX_THREADS 256
+#define PLE_MIX_HELD (PLE_MIX_SLOTS * PLE_MIX_THREADS)
+
+// This thread's channels c = threadIdx.x + i*blockDim (< hid, i < PLE_MIX_SLOTS) of stream s's
+// key and query norm weights into shared memory, nk[c] and nq[c] (cp.async: issued, not waited
+// for; weights only, so the first stream's before the wait). Each thread reads back only its own.
+__device__ __forceinline__ void ple_prefetch_norms(float* nk, float* nq, const float* norm_key, long nk_len,
+                                                   const float* norm_query, long nq_len, long s, long hid) {
+    const float* wk = norm_key + ple_norm_start(nk_len, s, hid);
+    const float* wq = norm_query + ple_norm_start(nq_len, s, hid);
+#pragma unroll
+    for (int i = 0; i < PLE_MIX_SLOTS; i++) {
+        const long c = threadIdx.x + (long)i * blockDim.x;
+        if (c < hid) {
+            ple_copy4(nk + c, wk + c);
+            ple_copy4(nq + c, wq + c);
+        }
+    }
+    cp_async_commit();
+}
+
+// The longest window (past rows) kept in registers (PleConvIn); a longer one is read and shifted
 // in memory one row at a time (ple_conv_in_memory).
 #define PLE_MAX_PAST 12
 
@@ -57,25 +93,46 @@ __device__ __forceinline__ float ple_conv_in_memory(float* window, const float* 
     return silu_f32(acc);
 }
 
-__device__ __forceinline__ float ple_conv(float* window, const float* conv_w, float xn, long ch, long width, long past,
-                                          int kernel, int dilation) {
-    if (past > PLE_MAX_PAST) return ple_conv_in_memory(window, conv_w, xn, ch, width, past, kernel, dilation);
-    float col[PLE_MAX_PAST];
-#pragma unroll
-    for (int p = 0; p < PLE_MAX_PAST; p++) col[p] = p < past ? window[p * width + ch] : 0.0f;
-    float acc = 0.0f;
+// A window of at most PLE_MAX_PAST rows: channel ch's column and the taps of its rows and of xn,
+// loaded into registers ahead of xn (ple_conv_load, when `load`), then the sums (ple_conv_held).
+struct PleConvIn {
+    float col[PLE_MAX_PAST], tap[PLE_MAX_PAST], last;
+};
+
+// Row p's tap, j = kernel - 1 - (past - p) / dilation where (past - p) is a multiple of the
+// dilation and j >= 0, else -1. The quotient of two small ints (past <= PLE_MAX_PAST here) taken
+// through a float reciprocal (rd = 1 / dilation) and checked back exactly: a division, 64-bit
+// as it was, is a call of some hundred instructions, and the column's loads were issued one
+// division apart.
+__device__ __forceinline__ int ple_tap_of(int p, long past, int kernel, int dilation, float rd) {
+    const int back = (int)past - p;
+    const int q = __float2int_rn((float)back * rd);
+    return p < past && q * dilation == back && q <= kernel - 1 ? kernel - 1 - q : -1;
+}
+
+__device__ __forceinline__ void ple_conv_load(PleConvIn& in, const float* window, const float* conv_w, long ch,
+                                              long width, long past, int kernel, int dilation, bool load) {
+    const float rd = 1.0f / (float)dilation;
 #pragma unroll
     for (int p = 0; p < PLE_MAX_PAST; p++) {
-        // Row p is tap j = kernel - 1 - (past - p) / dilation where (past - p) is a multiple of
-        // the dilation and j >= 0.
-        const long back = past - p;
-        if (p < past && back % dilation == 0 && back / dilation <= kernel - 1)
-            acc += conv_w[ch * kernel + (kernel - 1 - back / dilation)] * col[p];
+        const int j = ple_tap_of(p, past, kernel, dilation, rd);
+        in.col[p] = load && p < past ? window[p * width + ch] : 0.0f;
+        in.tap[p] = load && j >= 0 ? conv_w[ch * kernel + j] : 0.0f;
     }
-    acc += conv_w[ch * kernel + kernel - 1] * xn;
+    in.last = load ? conv_w[ch * kernel + kernel - 1] : 0.0f;
+}
+
+__device__ __forceinline__ float ple_conv_held(float* window, const PleConvIn& in, float xn, long ch, long width,
+                                               long past, int kernel, int dilation) {
+    const float rd = 1.0f / (float)dilation;
+    float acc = 0.0f;
 #pragma unroll
     for (int p = 0; p < PLE_MAX_PAST; p++)
-        if (p < past) window[p * width + ch] = p + 1 < past ? col[p + 1 < PLE_MAX_PAST ? p + 1 : p] : xn;
+        if (ple_tap_of(p, past, kernel, dilation, rd) >= 0) acc += in.tap[p] * in.col[p];
+    acc += in.last * xn;
+#pragma unroll
+    for (int p = 0; p < PLE_MAX_PAST; p++)
+        if (p < past) window[p * width + ch] = p + 1 < past ? in.col[p + 1 < PLE_MAX_PAST ? p + 1 : p] : xn;
     return silu_f32(acc);
 }
 
@@ -88,25 +145,30 @@ __device__ __forceinline__ float ple_conv(float* window, const float* conv_w, fl
 // barrier. (One block per stream, each thread convolving ten channels, held 250 registers a
 // thread and started only once the projection ahead had drained.) At most 128 registers a thread
 // (two blocks a multiprocessor), so that a block finds room sooner.
-extern "C" __global__ void __launch_bounds__(256, 2)
+// Round trips to memory after the wait: the dot product's norm weights are copied into shared
+// memory before it (its loop, a branch a channel, waited for each channel's two weights in
+// turn: up to ten round trips), and the own channel's h is read with the conv's inputs (read
+// after the window's stores, it waited for them: one more). The same arithmetic in the same
+// order.
+extern "C" __global__ void __launch_bounds__(PLE_MIX_THREADS, 2)
     ple_mix_f32(float* out, float* window, const float* key_proj, const float* h, const float* value,
                 const float* norm_key, const float* norm_query, const float* norm_conv, const float* conv_w,
                 long rows, long streams, long hid, long nk_len, long nq_len, long nc_len, int kernel, int dilation,
                 float eps) {
+    __shared__ float nk_s[PLE_MIX_HELD], nq_s[PLE_MIX_HELD];
     const long width = streams * hid;
     const long past = (long)(kernel - 1) * dilation;
     const long chunks = (hid + blockDim.x - 1) / blockDim.x;
     const long s0 = blockIdx.x / chunks, c0 = (blockIdx.x % chunks) * blockDim.x;
     const long span = min((long)blockDim.x, hid - c0);
-    // This block's first stream's norm weights and its channels' conv taps into L2.
-    prefetch_weights(norm_key + ple_norm_start(nk_len, s0, hid), hid * sizeof(float));
-    prefetch_weights(norm_query + ple_norm_start(nq_len, s0, hid), hid * sizeof(float));
+    ple_prefetch_norms(nk_s, nq_s, norm_key, nk_len, norm_query, nq_len, s0, hid);
     prefetch_weights(norm_conv + ple_norm_start(nc_len, s0, hid) + c0, span * sizeof(float));
     prefetch_weights(conv_w + (s0 * hid + c0) * kernel, span * kernel * sizeof(float));
     wait_for_producers();
     const long held = (long)PLE_MIX_SLOTS * blockDim.x;  // channels below this are in registers
     for (long b = blockIdx.x; b < streams * chunks; b += gridDim.x) {
         const long s = b / chunks, own = (b % chunks) * blockDim.x + threadIdx.x;  // this thread's channel
+        if (b != blockIdx.x) ple_prefetch_norms(nk_s, nq_s, norm_key, nk_len, norm_query, nq_len, s, hid);
         for (long t = 0; t < rows; t++) {
             const long base = t * width + s * hid;
             const float* vt = value + t * hid;
@@ -126,11 +188,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
             }
             const float inv_k = ple_inv_rms(ssk, hid, eps);
             const float inv_q = ple_inv_rms(ssh, hid, eps);
+            cp_async_wait_all();
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < PLE_MIX_SLOTS; i++) {
                 const long c = threadIdx.x + (long)i * blockDim.x;
-                if (c < hid) dot += ple_key_query(xk[i], xh[i], inv_k, inv_q, norm_key, nk_len, norm_query, nq_len, s, c, hid);
+                if (c < hid) dot += ple_key_query_w(xk[i], xh[i], inv_k, inv_q, nk_s[c], nq_s[c]);
             }
             for (long c = held + threadIdx.x; c < hid; c += blockDim.x)  // tail
                 dot += ple_key_query(key_proj[base + c], h[base + c], inv_k, inv_q, norm_key, nk_len, norm_query, nq_len,
@@ -149,13 +212,17 @@ extern "C" __global__ void __launch_bounds__(256, 2)
             }
             for (long c = held + threadIdx.x; c < hid; c += blockDim.x) ssg += (gain * vt[c]) * (gain * vt[c]);  // tail
             const float inv_g = ple_inv_rms(ssg, hid, eps);
-            // h + (gv + conv) for this thread's channel, the conv over gv's norm (the window's
-            // column: the channel s*hid + own); gv and h formed and read as above.
             if (own < hid) {
+                const float hv = h[base + own];  // read before the window's stores, with the conv's inputs
                 const float gvc = gain * vt[own];
                 const float xn = gvc * inv_g * ple_scale(norm_conv, nc_len, s, own, hid);
-                const float y = ple_conv(window, conv_w, xn, s * hid + own, width, past, kernel, dilation);
-                out[base + own] = h[base + own] + (gvc + y);
+                PleConvIn conv;
+                ple_conv_load(conv, window, conv_w, s * hid + own, width, past, kernel, dilation, past <= PLE_MAX_PAST);
+                const float y = past <= PLE_MAX_PAST
+                                    ? ple_conv_held(window, conv, xn, s * hid + own, width, past, kernel, dilation)
+                                    : ple_conv_in_memory(window, conv_w, xn, s * hid + own, width, past, kernel,
+                                                         dilation);
+                out[base + own] = hv + (gvc + y);
             }
         }
     }

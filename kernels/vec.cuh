@@ -218,8 +218,11 @@ __device__ __forceinline__ void prefetch_first_rows(const W* w, long k, long n, 
 // until their products (fewer registers, more blocks a multiprocessor), and the G sums reduced
 // over the block. Every lane of warp 0 gets sums[g] for g < here. Every thread of the block
 // calls it (it synchronises the block, before it returns too, so it can be called again).
-template <typename W, int G, int U, typename Row>
-__device__ __forceinline__ void block_dots(const float* x, Row row, long k, int here, float* sums) {
+// `before_sums()` runs once the products are formed, before their reduction: loads the caller
+// issues there are in flight during the reduction, and take no registers in the loop.
+template <typename W, int G, int U, typename Row, typename BeforeSums>
+__device__ __forceinline__ void block_dots(const float* x, Row row, long k, int here, float* sums,
+                                           BeforeSums before_sums) {
     constexpr int N = WeightVec<W>::N;
     __shared__ float partial[G][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -263,6 +266,7 @@ __device__ __forceinline__ void block_dots(const float* x, Row row, long k, int 
                 if (g < here) acc[g] += x[i] * WeightVec<W>::one(row(g), i);
         }
     }
+    before_sums();
 #pragma unroll
     for (int g = 0; g < G; g++) {
         const float v = warp_sum(acc[g]);
@@ -274,4 +278,9 @@ __device__ __forceinline__ void block_dots(const float* x, Row row, long k, int 
         for (int g = 0; g < G; g++) sums[g] = warp_sum(lane < warps ? partial[g][lane] : 0.0f);
     }
     __syncthreads();  // `partial` is rewritten by the next call
+}
+
+template <typename W, int G, int U, typename Row>
+__device__ __forceinline__ void block_dots(const float* x, Row row, long k, int here, float* sums) {
+    block_dots<W, G, U>(x, row, k, here, sums, [] {});
 }

@@ -369,9 +369,10 @@ fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool {
         && down_rows_shared(top_k, intermediate) <= DOWN_ROWS_MAX_SHARED
 }
 
-/// Shared memory of `moe_experts_down_rows_*`: the token's act rows and its blocks' products.
+/// Shared memory of `moe_experts_down_rows_*`: the token's act rows, its expert ids (i64) and
+/// router weights, and its blocks' products.
 fn down_rows_shared(top_k: usize, intermediate: usize) -> usize {
-    (top_k * intermediate + DOWN_ROWS * top_k) * 4
+    (top_k * intermediate + DOWN_ROWS * top_k + top_k) * 4 + top_k * 8
 }
 
 /// The down half of [`moe_experts`] (`dims`: rows, top k, hidden, intermediate): with `by_rows`,
@@ -439,7 +440,7 @@ fn launch_down(
     // SAFETY: as in moe_experts (the shapes checked there); act was written by the previous
     // launch on the same stream, y holds rows*hidden floats, lanes is a power of 2 up to 32 (the
     // kernels' lane groups); the rows form's grid covers whole blocks of DOWN_ROWS rows and its
-    // shared memory the token's act rows and products (`down_rows_fits`).
+    // shared memory the token's act rows, ids, weights and products (`down_rows_fits`).
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
 }
