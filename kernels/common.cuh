@@ -88,23 +88,6 @@ __device__ __forceinline__ void release_dependents_early() {
 #endif
 }
 
-// wait_for_producers() without letting the next kernel launch: the kernel calls
-// release_dependents_early() itself, later, once what is left of it is short (the next kernel's
-// blocks then do not compete with its chain of loads). For a kernel whose next one is a long
-// streaming kernel, which gains little from starting early.
-__device__ __forceinline__ void wait_for_producers_hold() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#ifdef GRAPHRUN_TRACE
-    const bool recorder = trace_recorder();
-    const unsigned long long arrived = recorder ? trace_clock() : 0ull;
-#endif
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef GRAPHRUN_TRACE
-    if (recorder) trace_record(arrived);
-#endif
-#endif
-}
-
 __device__ __forceinline__ void wait_for_producers() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef GRAPHRUN_TRACE

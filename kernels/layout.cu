@@ -579,7 +579,6 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
             inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
     }
     __syncthreads();
-    release_dependents_early();  // (the kernel waited with wait_for_producers_hold)
     if (!early) {
         hc_mix_gate_with<W>(
             y + t * hid, [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); },
@@ -622,7 +621,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
                              min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
         uint4 raw[HC_GATE_CHUNKS];                                                                            \
         hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
-        wait_for_producers_hold();                                                                            \
+        wait_for_producers();                                                                                 \
         hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw);     \
     }
 

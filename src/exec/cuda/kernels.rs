@@ -126,19 +126,13 @@ mod tests {
         for file in files() {
             for (name, body) in kernel_bodies(source(file).unwrap()) {
                 kernels += 1;
-                let first_wait = [
-                    "wait_for_producers();",
-                    "wait_for_producers_unless(",
-                    "wait_for_producers_hold();",
-                ]
-                .iter()
-                .filter_map(|w| body.find(w))
-                .min();
+                let first_wait = ["wait_for_producers();", "wait_for_producers_unless("]
+                    .iter()
+                    .filter_map(|w| body.find(w))
+                    .min();
                 let before = &body[..first_wait.unwrap_or(body.len())];
                 assert!(
-                    // (a kernel that holds its dependents releases them itself, later)
-                    body.contains("wait_for_producers();")
-                        || body.contains("wait_for_producers_hold();"),
+                    body.contains("wait_for_producers();"),
                     "{file}: kernel {name} never calls wait_for_producers()"
                 );
                 for stmt in before.split(';') {
