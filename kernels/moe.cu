@@ -412,9 +412,6 @@ __device__ __forceinline__ float experts_gate_up_unit(const float* x, const long
 EXPERTS_GATE_UP_KERNEL(float, f32)
 EXPERTS_GATE_UP_KERNEL(bf16_t, bf16)
 
-// One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
-// this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of
-// DOWN_BATCH loads. Reduced over the group by the caller.
 // A batch of down_share: the weight chunks i0, i0 + lanes, ... (< n, at most DOWN_BATCH) of row
 // dr, then their products with the act row's chunks added to d in chunk order.
 template <typename W>
@@ -441,6 +438,9 @@ __device__ __forceinline__ float down_batch_dot(float d, const float* ar, long n
     return d;
 }
 
+// One slot's down-projection row for a group of `lanes` lanes (sl: this lane's place in it):
+// this lane's share of dot(down row, act row), chunks sl, sl + lanes, ... in batches of
+// DOWN_BATCH loads. Reduced over the group by the caller.
 template <typename W>
 __device__ __forceinline__ float down_share(const W* dr, const float* ar, long inter, int sl, int lanes) {
     constexpr int N = WeightVec<W>::N;
