@@ -326,7 +326,10 @@ extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SE
 // rows: twice this many loads).
 #define GATE_UP_BATCH 5
 // Chunks per slot a lane has in flight in the down kernel, for each of DOWN_PASSES slots at once.
-#define DOWN_BATCH 5
+// 10 at the real 640-wide rows: 8 lanes a (row, slot) product, so that moe_experts_down_rows'
+// 80 products a block take 3 rounds of loads instead of 5 (12.9 -> 12.5 us a layer in the
+// replayed graph at 80 registers, results/2026-11-30-down-batch-trace-*.log).
+#define DOWN_BATCH 10
 #define DOWN_PASSES 2
 
 // act [slots, inter], slot s = t * top_k + j; x [tokens, hidden]; ids [slots];

@@ -27,7 +27,7 @@ const EXPERT_WARPS: usize = 4;
 /// Slot passes a warp of the down kernel runs at once (`DOWN_PASSES` in kernels/moe.cu).
 const DOWN_PASSES: usize = 2;
 /// 16-byte chunks per slot a lane loads at once in the down kernel (`DOWN_BATCH`).
-const DOWN_BATCH: usize = 5;
+const DOWN_BATCH: usize = 10;
 
 /// How the router kernel gets its (always identical) result; the default is the fast way. The
 /// others are for tests: each path must give the same bits.
