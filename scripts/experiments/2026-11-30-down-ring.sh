@@ -3,7 +3,9 @@
 # main): gpu_moe built from the branch, then the decode timeline at 8 layers, 8k context, with it
 # (gpu-bin/graphrun-ring; compare results/2026-11-30-session10-final-trace.log, main without it).
 # Build (here): a worktree of branch down-ring, `cargo build --release`, its graphrun as
-# gpu-bin/graphrun-ring and its gpu_moe test binary as gpu-bin/gpu_moe (both stripped).
+# gpu-bin/graphrun-ring and its gpu_moe test binary as gpu-bin/gpu_moe (both stripped); then,
+# with `DownKernel::Ring { ids_early: false }` in `DownKernel::choose` (launch/moe.rs), the
+# copies issued after the wait, its graphrun as gpu-bin/graphrun-ring-late (traced if present).
 # NOT RUN YET: written at the end of session 10, when the device budget was spent.
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail
@@ -12,8 +14,11 @@ export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 timeout 40 ./gpu-bin/gpu_moe --nocapture --test-threads=1 >"$OUT/gpu_moe.log" 2>&1
 echo "gpu_moe rc $?"
 grep -E "test result|panicked|ring" "$OUT/gpu_moe.log" | head -20
-GRAPHRUN_BIN=./gpu-bin/graphrun-ring NAME=trace-ring timeout 40 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-echo "ring trace rc $?"
-rm -f "$OUT/trace-ring.json"
-grep -E "decode timeline|dense parts in the replayed" "$OUT/trace-ring.log" | cut -c1-60,150-230
-grep -E "blk.[01].moe.routed|blk.[01].mlp_res" "$OUT/trace-ring.log" | tail -6 | cut -c1-110
+for v in ring ring-late; do
+    [ -x ./gpu-bin/graphrun-$v ] || continue
+    GRAPHRUN_BIN=./gpu-bin/graphrun-$v NAME=trace-$v timeout 40 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "$v trace rc $?"
+    rm -f "$OUT/trace-$v.json"
+    grep -E "decode timeline|dense parts in the replayed" "$OUT/trace-$v.log" | cut -c1-60,150-230
+    grep -E "blk.[01].moe.routed|blk.[01].mlp_res" "$OUT/trace-$v.log" | tail -6 | cut -c1-110
+done
