@@ -133,12 +133,10 @@ __device__ __forceinline__ void prefetch_weights(const void* p, long bytes) {
 #endif
 }
 
-// A shared-memory pointer as the 32-bit shared address PTX takes.
-__device__ __forceinline__ unsigned shared_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
+// A shared-memory pointer as the 32-bit shared address PTX takes. The intrinsic rather than
+// inline PTX, so that the compiler folds the conversion for a __shared__ array's address (the
+// PTX block cost tens of instructions a copy in ple_mix's per-channel copies).
+__device__ __forceinline__ unsigned shared_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Asynchronous copies global → shared (sm_80+): issued, committed as a group, waited for.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {

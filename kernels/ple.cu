@@ -41,13 +41,6 @@ __device__ __forceinline__ float ple_key_query(float xk, float xh, float inv_k, 
                            norm_query[ple_norm_start(nq_len, s, hid) + c]);
 }
 
-// cp_async4 (common.cuh) into a __shared__ array: the shared address taken directly (through a
-// generic pointer it cost tens of instructions a copy).
-__device__ __forceinline__ void ple_copy4(float* dst, const float* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-
 // Threads a block has at most (the launch bounds; launch::ple's MAX_THREADS), and the channels
 // of a stream a block keeps in shared memory: those a thread holds in registers.
 #define PLE_MIX_THREADS 256
@@ -64,8 +57,8 @@ __device__ __forceinline__ void ple_prefetch_norms(float* nk, float* nq, const f
     for (int i = 0; i < PLE_MIX_SLOTS; i++) {
         const long c = threadIdx.x + (long)i * blockDim.x;
         if (c < hid) {
-            ple_copy4(nk + c, wk + c);
-            ple_copy4(nq + c, wq + c);
+            cp_async4(nk + c, wk + c);
+            cp_async4(nq + c, wq + c);
         }
     }
     cp_async_commit();
