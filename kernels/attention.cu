@@ -1374,12 +1374,16 @@ ATTENTION_SPLIT_KERNEL(attention_split_upto16_f32, 16, false)
 // loads, several in flight); the four split groups are then summed in shared memory.
 //
 // Every load a task needs is issued at its start, in one round trip: the gate quad, the splits'
-// (m, l) (SPLIT_ML_HELD a thread: up to 1024 splits) and the thread's first SPLIT_ACC_HELD
+// (m, l) (SPLIT_ML_HELD a thread: all of them, the launcher's SPLIT_MAX_SPLITS at most over the
+// SPLIT_THREADS threads) and the thread's first SPLIT_ACC_HELD
 // accumulator quads (17: all of them at the real decode's 65 splits), held in registers through
 // the max and the sums. Loaded after the sums, eight at a time, the quads took three round trips
 // there (and (m, l) a reload after the max); the arithmetic and its order are unchanged.
 #define SPLIT_ML_HELD 4
 #define SPLIT_ACC_HELD 17
+// The most splits a (row, head) has (launch::attention's SPLIT_MAX).
+#define SPLIT_MAX_SPLITS 1024
+static_assert(SPLIT_ML_HELD * SPLIT_THREADS >= SPLIT_MAX_SPLITS, "every split's (m, l) is held");
 template <bool GATED>
 __device__ __forceinline__ void attention_split_combine(float* out, const float* part_acc, const float* part_ml,
                                                         const float* qg, long rows, int heads, int head_dim,
@@ -1412,13 +1416,11 @@ __device__ __forceinline__ void attention_split_combine(float* out, const float*
             const int s = sg + 4 * i;
             ah[i] = c4 < hd4 && s < splits ? a[(long)s * hd4 + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        const int ml_rest = threadIdx.x + SPLIT_ML_HELD * blockDim.x;  // the first split not held
         float mx = NEG_INF;
 #pragma unroll
         for (int i = 0; i < SPLIT_ML_HELD; i++) {
             if (threadIdx.x + i * blockDim.x < splits) mx = fmaxf(mx, mlh[i].x);
         }
-        for (int s = ml_rest; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
         const float m = block_max_f32(mx);
         float lsum = 0.0f;
         auto weigh = [&](int s, float2 v) {
@@ -1431,7 +1433,6 @@ __device__ __forceinline__ void attention_split_combine(float* out, const float*
             const int s = threadIdx.x + i * blockDim.x;
             if (s < splits) weigh(s, mlh[i]);
         }
-        for (int s = ml_rest; s < splits; s += blockDim.x) weigh(s, ml[s]);
         const float l = block_sum(lsum);  // its barriers publish split_weight
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c4 < hd4) {

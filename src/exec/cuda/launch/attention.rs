@@ -731,7 +731,8 @@ const SPLIT_MAX_HEAD_DIM: usize = 4 * 64;
 /// `attention_split_upto<G>_f32` (up to G).
 const SPLIT_GROUPS: [usize; 4] = [4, 8, 12, 16];
 /// At most this many splits per (row, kv head) (the combine kernel keeps a weight per split in
-/// shared memory).
+/// shared memory, and each thread holds its splits' (m, l): `SPLIT_MAX_SPLITS` in
+/// kernels/attention.cu).
 const SPLIT_MAX: usize = 1024;
 
 /// How many position splits `attention_split` makes per (row, kv head): enough thread blocks
