@@ -2,7 +2,8 @@
 //
 // - `moe_router_reference_f32`: softmax over each row of router logits, then the top k in
 //   selection order, renormalised when asked; one block per row, ids and weights stay on the
-//   device, equal bit for bit to the reference's (given the same exps).
+//   device, equal bit for bit to the reference's (given the same exps: the reference fixes its
+//   sum's order to one a warp forms quickly).
 // - `moe_experts_gate_up_*` / `moe_experts_down_*`: the token-major routed SwiGLU experts in two
 //   launches. The first writes act[t, j, :] = silu(G) * U for every slot (t, j); the second sums
 //   the k down-projections of each token in slot order. Expert ids are read on the device.
@@ -25,41 +26,32 @@
 // ---------------------------------------------------------------------------------------------
 // Router.
 //
-// One block per row, two groups of threads working at once:
-// - the softmax group (threads [0, exp_threads), one per expert up to 512): max, exps (in double,
-//   rounded once to f32, as close to the CPU's expf as a device gets), the reference's sum, the
-//   probabilities;
-// - the selection group (ROUTER_SEL_WARPS warps after it): the top k of the row by LOGIT, which
-//   needs neither the max nor the sum, so it runs while the softmax group works. Each warp takes
-//   a quarter of the experts (ROUTER_SEL_PER_LANE per lane in registers), k rounds of a lane max
-//   and a two-step warp max (__reduce_max_sync on the high then the low half of the rank); then
-//   the 4 sorted lists are merged by counting.
-// The probability p = fl(fl(exp(fl(l - max))) / sum) is monotone (non-decreasing) in the logit,
-// so the reference's order (p descending, then id) differs from the logit order (logit
-// descending, then id) only among experts of equal p. After both groups are done, the chosen k
-// are re-sorted by (p, id), and if an expert outside them has the k-th probability and a lower id
-// than one inside with that probability (or the sum is not finite: NaN or infinite logits), warp 0
-// redoes the selection on the probabilities exactly as the reference orders them.
-//
-// The sum (the reference adds the exps one at a time in expert order, and only that order gives
-// its bits) is split into up to 4 pieces run at once: piece 0 from 0 by one thread; each later
-// piece from 2w+1 candidate starting values (the float nearest the exact prefix sum, computed in
-// fixed point with integer warp sums, and w floats either side) by one thread each. Then thread 0
-// chains the pieces: the candidate whose start has the bits of the true partial sum has the true
-// next partial sum; if none has (a rounding error beyond w ulps), thread 0 adds that piece itself.
-// Either way the result is the sequential sum bit for bit.
+// One block per row, a thread per expert (past the block's 1024 threads experts wrap around, at
+// most ROUTER_PER_LANE a thread), each step on values in registers, five barriers in all:
+// - the max (order keys, NaN ignored as f32::max does): a warp reduction, then one across the
+//   warps' maxima in shared memory;
+// - the exps, in double rounded once to f32 (as close to the CPU's expf as a device gets), and
+//   each chunk of 32's sum by butterfly shuffles (lane i adds lane i ^ 16, then ^ 8, ...: the
+//   reference's halving, `ops::moe::softmax_sum`; every lane ends with the same bits);
+// - the chunk sums halved the same way, in every warp at once;
+// - the candidates for the top k: a bound below the k-th largest probability, known without
+//   sorting: with at least k warps, the least of the warps' max logits (k warps hold a logit at
+//   least that large, and the probability never decreases with the logit, so the k largest
+//   probabilities are at least the bound's). The experts at or above it (a few dozen of 512 in
+//   practice), as 64-bit ranks in the reference's order, are compacted into shared memory.
+//   Fewer warps than k: every expert is a candidate;
+// - a candidate's place among the k best: how many candidates rank above it;
+// - the chosen k's sum (one add at a time, in order, as the reference) and the weights.
+// The selection compares the probabilities themselves, so exact ties (equal p from different
+// logits, zero probabilities, NaN rows) order as the reference orders them.
+// The first version (a sequential sum split into pieces, selection on the logits by rounds of
+// warp maxima, a tie check) took ~6.9 us a layer in the decode graph; this one ~4 (phase marks:
+// results/2026-11-30-router-*.log).
 
-// Softmax threads at most (one expert each; more experts are looped over).
-#define ROUTER_EXP_THREADS 512
-// Warps of the selection group, and logits per lane in registers (4 x 32 x 4 = 512 experts;
-// more are scanned from memory each round).
-#define ROUTER_SEL_WARPS 4
-#define ROUTER_SEL_PER_LANE 4
-// Pieces of the sequential sum, and candidate starts either side of each piece's estimate.
-#define ROUTER_MAX_PIECES 4
-#define ROUTER_WINDOW 64
-// Fixed point of the exact prefix sums: 2^48 units per 1 (every exp is at most 1).
-#define ROUTER_FIXED_ONE 281474976710656.0
+// Threads at most and experts a thread holds at most (1024 x 4 experts).
+#define ROUTER_THREADS 1024
+#define ROUTER_PER_LANE 4
+#define ROUTER_WARPS (ROUTER_THREADS / 32)
 
 // A 64-bit rank whose unsigned order is the reference's selection order: the value by
 // f32::total_cmp (larger first), then the expert id (lower first). 0 is never a real rank.
@@ -74,245 +66,134 @@ __device__ __forceinline__ int router_rank_id(unsigned long long rank) {
     return (int)(~(unsigned int)(rank & 0xffffffffull));
 }
 
-// Barrier `id` (1..15) among `threads` threads (a multiple of 32) of the block.
-__device__ __forceinline__ void moe_named_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+// The value a rank was made from (the key's map flips the low 31 bits of a negative value and
+// keeps the sign, so the same map undoes it).
+__device__ __forceinline__ float router_rank_value(unsigned long long rank) {
+    int bits = (int)((unsigned int)(rank >> 32) ^ 0x80000000u);
+    bits ^= (int)(((unsigned int)(bits >> 31)) >> 1);
+    return __int_as_float(bits);
 }
 
-// s + v[lo] + v[lo+1] + ... + v[hi-1], one rounded add at a time, in order (the reference's sum).
-// lo is a multiple of 4 and v 16-byte aligned (shared memory).
-__device__ __forceinline__ float router_seq_sum(const float* v, int lo, int hi, float s) {
-    int i = lo;
-#pragma unroll 4
-    for (; i + 4 <= hi; i += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(v + i);
-        s = __fadd_rn(s, q.x);
-        s = __fadd_rn(s, q.y);
-        s = __fadd_rn(s, q.z);
-        s = __fadd_rn(s, q.w);
-    }
-    for (; i < hi; i++) s = __fadd_rn(s, v[i]);
-    return s;
+// The halving sum of the warp's 32 values (`ops::moe::softmax_sum`'s halving_sum): lane i adds
+// lane i ^ off for off = 16, 8, 4, 2, 1. For i < off that is v[i] + v[i + off], the reference's
+// step; the other lanes add the same two values the other way round, which rounds alike, so
+// every lane ends with the same bits.
+__device__ __forceinline__ float router_warp_halving_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(MOE_FULL_MASK, v, off));
+    return v;
 }
 
-// ids, weights [rows, top_k]; logits [rows, experts]. Block: exp_threads (min(experts rounded up
-// to 32, 512)) + 32 * ROUTER_SEL_WARPS threads. Dynamic shared memory: experts floats rounded up
-// to 4 (the exps, then the probabilities), then ceil(experts / 32) u64 (fixed-point chunk sums).
-// `window`: candidate starts either side of each piece of the sum (at most ROUTER_WINDOW; < 0: no
-// pieces, one thread adds all). `flags` bit 0: always redo the selection on the probabilities
-// (for tests: every path gives the same bits).
-extern "C" __global__ void __launch_bounds__(ROUTER_EXP_THREADS + 32 * ROUTER_SEL_WARPS)
-    moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts, int top_k,
-                             int normalize, int window, int flags) {
+// ids, weights [rows, top_k]; logits [rows, experts]. Block: min(experts rounded up to 32, 1024)
+// threads, experts <= ROUTER_PER_LANE x the block, top_k <= ROUTER_MAX_TOPK (checked on the host).
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
+    moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts,
+                             int top_k, int normalize) {
     wait_for_producers();
-    extern __shared__ float4 router_dyn[];
-    __shared__ int warp_max[ROUTER_EXP_THREADS / 32];
-    __shared__ float cand[(ROUTER_MAX_PIECES - 1) * (2 * ROUTER_WINDOW + 1)];
-    __shared__ int cand_base[ROUTER_MAX_PIECES];
-    __shared__ float total_sum;
-    __shared__ unsigned long long lists[ROUTER_SEL_WARPS][ROUTER_MAX_TOPK];
+    __shared__ int warp_key[ROUTER_WARPS];
+    __shared__ float chunk_sum[ROUTER_WARPS * ROUTER_PER_LANE];
+    __shared__ int candidates;
+    __shared__ unsigned long long cand[ROUTER_THREADS * ROUTER_PER_LANE];
     __shared__ unsigned long long chosen[ROUTER_MAX_TOPK];
-    __shared__ int sorted_id[ROUTER_MAX_TOPK];
-    __shared__ float sorted_p[ROUTER_MAX_TOPK];
 
-    const int exp_threads = (int)blockDim.x - 32 * ROUTER_SEL_WARPS;
-    const int tid = threadIdx.x, lane = tid & 31;
+    const int threads = (int)blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warps = threads >> 5;
+    const int per = (experts + threads - 1) / threads;  // experts a thread holds (<= ROUTER_PER_LANE)
     const int chunks = (experts + 31) >> 5;
-    float* probs = reinterpret_cast<float*>(router_dyn);
-    unsigned long long* chunk_sum = reinterpret_cast<unsigned long long*>(probs + ((experts + 3) & ~3));
-
-    // Pieces of the sum: 4 of at least 2 chunks each, 2 of 2, else 1; piece_len experts each.
-    int pieces = window < 0 ? 1 : (chunks >= 8 ? 4 : (chunks >= 4 ? 2 : 1));
-    const int piece_chunks = (chunks + pieces - 1) / pieces;
-    pieces = (chunks + piece_chunks - 1) / piece_chunks;
-    const int piece_len = piece_chunks * 32;
-    int win = 0;
-    if (pieces > 1) win = min(min(window, ROUTER_WINDOW), ((exp_threads - 1) / (pieces - 1) - 1) / 2);
-    const int per_piece = 2 * win + 1;
+    const bool bounded = warps >= top_k;
 
     for (long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* l = logits + row * experts;
-        if (tid < exp_threads) {
-            // ---- The softmax group. ----
-            const int warp = tid >> 5, exp_warps = exp_threads >> 5;
-            // The max (NaN ignored, as f32::max; -inf when every value is NaN).
-            // Each logit is kept in `probs` for the exps below (the same thread's e): read from
-            // global memory once, since the kernels running ahead of this one load L2 heavily.
-            int key = float_order_key(MOE_NEG_INF);
-            for (int e = tid; e < experts; e += exp_threads) {
-                const float v = __ldg(l + e);
-                probs[e] = v;
-                if (!isnan(v)) key = max(key, float_order_key(v));
-            }
-            key = __reduce_max_sync(MOE_FULL_MASK, key);
-            if (lane == 0) warp_max[warp] = key;
-            moe_named_barrier(1, exp_threads);
-            key = __reduce_max_sync(MOE_FULL_MASK, lane < exp_warps ? warp_max[lane] : float_order_key(MOE_NEG_INF));
-            const float mx = float_from_order_key(key);
-            // The exps, and each chunk of 32's exact sum in units of 2^-48 (two 24-bit halves,
-            // each summed over the warp without overflow).
-            for (int base = tid - lane; base < experts; base += exp_threads) {
-                const int e = base + lane;
-                float p = 0.0f;
-                if (e < experts) {
-                    p = (float)exp((double)__fsub_rn(probs[e], mx));
-                    probs[e] = p;
-                }
-                if (pieces > 1) {
-                    const unsigned long long fixed =
-                        p >= 0.0f ? (unsigned long long)((double)p * ROUTER_FIXED_ONE) : 0ull;
-                    const unsigned int hi = __reduce_add_sync(MOE_FULL_MASK, (unsigned int)(fixed >> 24));
-                    const unsigned int lo = __reduce_add_sync(MOE_FULL_MASK, (unsigned int)(fixed & 0xffffffull));
-                    if (lane == 0) chunk_sum[base >> 5] = (((unsigned long long)hi) << 24) + lo;
-                }
-            }
-            moe_named_barrier(1, exp_threads);
-            // The pieces of the sum: thread 0 piece 0 from 0, then per_piece candidates per piece.
-            if (tid < 1 + (pieces - 1) * per_piece) {
-                int piece = 0;
-                float s = 0.0f;
-                if (tid > 0) {
-                    piece = 1 + (tid - 1) / per_piece;
-                    const int c = (tid - 1) % per_piece;
-                    unsigned long long exact = 0;
-                    for (int q = 0; q < piece * piece_chunks; q++) exact += chunk_sum[q];
-                    const float estimate = (float)((double)exact * (1.0 / ROUTER_FIXED_ONE));
-                    const int start = __float_as_int(estimate) + c - win;
-                    if (c == 0) cand_base[piece] = start;
-                    s = __int_as_float(start);
-                }
-                const int lo = piece * piece_len;
-                s = router_seq_sum(probs, lo, min(experts, lo + piece_len), s);
-                if (tid > 0)
-                    cand[tid - 1] = s;
-                else
-                    total_sum = s;
-            }
-            moe_named_barrier(1, exp_threads);
-            if (tid == 0) {
-                float s = total_sum;
-                for (int piece = 1; piece < pieces; piece++) {
-                    const long long at = (long long)__float_as_int(s) - cand_base[piece];
-                    if (at >= 0 && at < per_piece) {
-                        s = cand[(piece - 1) * per_piece + at];
-                    } else {
-                        const int lo = piece * piece_len;
-                        s = router_seq_sum(probs, lo, min(experts, lo + piece_len), s);
-                    }
-                }
-                total_sum = s;
-            }
-            moe_named_barrier(1, exp_threads);
-            const float sum = total_sum;
-            for (int e = tid; e < experts; e += exp_threads) probs[e] = __fdiv_rn(probs[e], sum);
-        } else {
-            // ---- The selection group: the top k by logit. ----
-            const int sw = (tid - exp_threads) >> 5;
-            const int span = ((experts + ROUTER_SEL_WARPS - 1) / ROUTER_SEL_WARPS + 31) & ~31;
-            const int lo = sw * span, hi = min(experts, lo + span);
-            unsigned long long* list = lists[sw];
-            if (span <= 32 * ROUTER_SEL_PER_LANE) {
-                unsigned long long r[ROUTER_SEL_PER_LANE];
+        // Thread tid holds experts tid + q * threads: warp w's lanes hold chunk w + q * warps.
+        float v[ROUTER_PER_LANE];
+        int key = float_order_key(MOE_NEG_INF);
 #pragma unroll
-                for (int q = 0; q < ROUTER_SEL_PER_LANE; q++) {
-                    const int e = lo + lane + 32 * q;
-                    r[q] = e < hi ? router_rank(__ldg(l + e), e) : 0ull;
-                }
-                for (int j = 0; j < top_k; j++) {
-                    unsigned long long m = r[0];
+        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+            const int e = tid + q * threads;
+            v[q] = (q < per && e < experts) ? __ldg(l + e) : MOE_NEG_INF;
+            if (!isnan(v[q])) key = max(key, float_order_key(v[q]));
+        }
+        key = __reduce_max_sync(MOE_FULL_MASK, key);
+        if (lane == 0) warp_key[warp] = key;
+        if (tid == 0) candidates = 0;
+        __syncthreads();
+        const int wk = lane < warps ? warp_key[lane] : float_order_key(MOE_NEG_INF);
+        const float mx = float_from_order_key(__reduce_max_sync(MOE_FULL_MASK, wk));
+        // The bound: the least of the warps' max logits (-inf unbounded; an all-NaN warp's max
+        // key is -inf's, which bounds nothing either).
+        const float bound_logit =
+            bounded ? float_from_order_key(__reduce_min_sync(MOE_FULL_MASK, lane < warps ? wk : 0x7fffffff))
+                    : MOE_NEG_INF;
+
+        // The exps (0 past the last expert: the reference's zero padding) and the chunk sums.
 #pragma unroll
-                    for (int q = 1; q < ROUTER_SEL_PER_LANE; q++) m = r[q] > m ? r[q] : m;
-                    const unsigned long long best = warp_max_u64(m);
-#pragma unroll
-                    for (int q = 0; q < ROUTER_SEL_PER_LANE; q++) r[q] = r[q] == best ? 0ull : r[q];
-                    if (lane == 0) list[j] = best;
-                }
-            } else {
-                // Many experts: each round rescans this warp's logits for the best below the last.
-                unsigned long long last = ~0ull;
-                for (int j = 0; j < top_k; j++) {
-                    unsigned long long m = 0ull;
-                    for (int e = lo + lane; e < hi; e += 32) {
-                        const unsigned long long x = router_rank(__ldg(l + e), e);
-                        m = (x < last && x > m) ? x : m;
-                    }
-                    last = warp_max_u64(m);
-                    if (lane == 0) list[j] = last;
-                }
+        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+            const int e = tid + q * threads;
+            v[q] = (q < per && e < experts) ? (float)exp((double)__fsub_rn(v[q], mx)) : 0.0f;
+            if (q < per) {
+                const float s = router_warp_halving_sum(v[q]);
+                if (lane == 0) chunk_sum[warp + q * warps] = s;
             }
-            moe_named_barrier(2, 32 * ROUTER_SEL_WARPS);
-            // Merge: a rank's place among the k best is how many listed ranks exceed it.
-            for (int q = tid - exp_threads; q < ROUTER_SEL_WARPS * top_k; q += 32 * ROUTER_SEL_WARPS) {
-                const unsigned long long x = lists[q / top_k][q % top_k];
-                if (x != 0ull) {
-                    int place = 0;
-                    for (int w = 0; w < ROUTER_SEL_WARPS; w++)
-                        for (int i = 0; i < top_k; i++) place += lists[w][i] > x ? 1 : 0;
-                    if (place < top_k) chosen[place] = x;
+        }
+        const float bound_exp = (float)exp((double)__fsub_rn(bound_logit, mx));
+        __syncthreads();
+        // The chunk sums by halving, in every warp (no barrier after): lane i holds chunks i,
+        // i + 32, i + 64, i + 96 (0 past the last); halving 128 then 64 of them is c0 += c2,
+        // c1 += c3, then c0 += c1 (adding zeros changes nothing when there are fewer), then a
+        // butterfly.
+        float c[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) c[m] = lane + 32 * m < chunks ? chunk_sum[lane + 32 * m] : 0.0f;
+        c[0] = __fadd_rn(c[0], c[2]);
+        c[1] = __fadd_rn(c[1], c[3]);
+        c[0] = __fadd_rn(c[0], c[1]);
+        const float sum = router_warp_halving_sum(c[0]);
+
+        // The candidates: probabilities at least the bound's (NaN ones too: total_cmp puts a
+        // positive NaN first), as ranks in shared memory, a warp's at once.
+        const float bound_p = __fdiv_rn(bound_exp, sum);
+#pragma unroll
+        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+            const int e = tid + q * threads;
+            if (q < per) {
+                const float pr = __fdiv_rn(v[q], sum);
+                const bool take = e < experts && (!bounded || pr >= bound_p || isnan(pr));
+                const unsigned int ballot = __ballot_sync(MOE_FULL_MASK, take);
+                if (ballot) {
+                    int base = 0;
+                    if (lane == 0) base = atomicAdd(&candidates, __popc(ballot));
+                    base = __shfl_sync(MOE_FULL_MASK, base, 0);
+                    if (take) cand[base + __popc(ballot & ((1u << lane) - 1u))] = router_rank(pr, e);
                 }
             }
         }
-        __syncthreads();  // probabilities and the logit top k are ready
-
-        // Is the logit top k the reference's set? Not when an expert outside it has the k-th
-        // probability and a lower id than one inside with that probability.
-        int redo = 0;
-        if (tid < exp_threads) {
-            const float sum = total_sum;
-            if (!isfinite(sum)) {
-                redo = 1;
-            } else {
-                const unsigned long long last = chosen[top_k - 1];
-                const float pk = probs[router_rank_id(last)];
-                int max_id = -1;
-                for (int j = 0; j < top_k; j++) {
-                    const int id = router_rank_id(chosen[j]);
-                    if (probs[id] == pk) max_id = max(max_id, id);
-                }
-                for (int e = tid; e < max_id && e < experts; e += exp_threads)
-                    if (probs[e] == pk && router_rank(__ldg(l + e), e) < last) redo = 1;
-            }
+        __syncthreads();
+        // A candidate's place among the k best is how many candidates rank above it (ranks are
+        // distinct: each carries its id), whatever order they were listed in. Warp 0 alone when
+        // they are few, else the whole block.
+        const int n = candidates;
+        const int placers = n <= 32 ? 32 : threads;
+        for (int i = tid; i < n && tid < placers; i += placers) {
+            const unsigned long long x = cand[i];
+            int place = 0;
+#pragma unroll 8
+            for (int o = 0; o < n; o++) place += cand[o] > x ? 1 : 0;
+            if (place < top_k) chosen[place] = x;
         }
-        redo = __syncthreads_or(redo) | (flags & 1);
-
-        if (tid < 32) {
-            if (!redo) {
-                // The chosen k in the reference's order: probability descending, then id.
-                for (int j = lane; j < top_k; j += 32) {
-                    const int id = router_rank_id(chosen[j]);
-                    const float p = probs[id];
-                    int place = 0;
-                    for (int i = 0; i < top_k; i++) {
-                        const int other = router_rank_id(chosen[i]);
-                        const float q = probs[other];
-                        place += (q > p || (q == p && other < id)) ? 1 : 0;
-                    }
-                    sorted_id[place] = id;
-                    sorted_p[place] = p;
-                }
-            } else {
-                // The reference's selection on the probabilities, one warp, k rounds.
-                unsigned long long last = ~0ull;
-                for (int j = 0; j < top_k; j++) {
-                    unsigned long long m = 0ull;
-                    for (int e = lane; e < experts; e += 32) {
-                        const unsigned long long x = router_rank(probs[e], e);
-                        m = (x < last && x > m) ? x : m;
-                    }
-                    last = warp_max_u64(m);
-                    if (lane == 0) {
-                        const int id = router_rank_id(last);
-                        sorted_id[j] = id;
-                        sorted_p[j] = probs[id];
-                    }
-                }
-            }
+        if (n <= 32)
             __syncwarp();
+        else
+            __syncthreads();
+        if (warp == 0) {
+            // The weights: the chosen probabilities' sum one add at a time in order, as the
+            // reference adds them.
             float total = 0.0f;
-            for (int j = 0; j < top_k; j++) total = __fadd_rn(total, sorted_p[j]);
+#pragma unroll 8
+            for (int j = 0; j < top_k; j++) total = __fadd_rn(total, router_rank_value(chosen[j]));
             for (int j = lane; j < top_k; j += 32) {
-                ids[row * top_k + j] = sorted_id[j];
-                weights[row * top_k + j] = normalize ? __fdiv_rn(sorted_p[j], total) : sorted_p[j];
+                const float pr = router_rank_value(chosen[j]);
+                ids[row * top_k + j] = router_rank_id(chosen[j]);
+                weights[row * top_k + j] = normalize ? __fdiv_rn(pr, total) : pr;
             }
         }
         if (row + gridDim.x < rows) __syncthreads();  // shared memory is reused by the next row

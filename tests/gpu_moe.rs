@@ -8,8 +8,7 @@
 //! `results/`). Elsewhere (CI) it says so and checks nothing else.
 //!
 //! Bounds: the router's ids and weights bit-equal to the reference computed with the device's
-//! exp (`exp` in f64 rounded to f32), by every path of the kernel (pieces of the sum or one
-//! thread; selection on the logits or on the probabilities); ids equal to `ops::moe::route`'s
+//! exp (`exp` in f64 rounded to f32); ids equal to `ops::moe::route`'s
 //! and weights within 1e-6 relative (the CPU's expf is not the device's; rows with near-ties
 //! among the top k + 1 are drawn again, deliberate ties are exact in both). Experts within 1e-5
 //! relative (‖gpu − cpu‖ / ‖cpu‖, and max |diff| / max |cpu| within 1e-4), bf16 weights against
@@ -22,7 +21,6 @@ mod common;
 use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
-use graphrun::exec::cuda::launch::moe::RouterPaths;
 use graphrun::exec::cuda::launch::{self, layout, moe as gmoe, DeviceMatrix};
 use graphrun::exec::cuda::{CudaError, Gpu, ReadyInputs};
 use graphrun::ops::{embed, moe, ple};
@@ -43,33 +41,14 @@ fn route_device_exp(
     k: usize,
     normalize: bool,
 ) -> (Vec<i64>, Vec<f32>) {
-    let mut ids = Vec::new();
-    let mut weights = Vec::new();
-    for row in logits.chunks(experts) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let exps: Vec<f32> = row.iter().map(|&l| device_exp(l - max)).collect();
-        let sum: f32 = exps.iter().sum();
-        let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
-        let mut order: Vec<usize> = (0..experts).collect();
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let total: f32 = order[..k].iter().map(|&e| probs[e]).sum();
-        for &e in &order[..k] {
-            ids.push(e as i64);
-            weights.push(if normalize {
-                probs[e] / total
-            } else {
-                probs[e]
-            });
-        }
-    }
-    (ids, weights)
+    moe::route_with_exp(logits, experts, k, normalize, device_exp)
 }
 
 /// The reference's softmax of one row (as `ops::moe::route` computes it).
 fn softmax(row: &[f32]) -> Vec<f32> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
+    let sum = moe::softmax_sum(&exps);
     exps.iter().map(|e| e / sum).collect()
 }
 
@@ -164,47 +143,25 @@ fn zero_probability_logits(experts: usize) -> Vec<f32> {
     out
 }
 
-/// Routes `l` on the device by every path and checks them all: bit-equal to one another and to
-/// the reference with the device's exp; ids equal to `ops::moe::route`'s and weights within
-/// ROUTER_WEIGHT_BOUND.
+/// Routes `l` on the device and checks it: bit-equal to the reference with the device's exp;
+/// ids equal to `ops::moe::route`'s and weights within ROUTER_WEIGHT_BOUND.
 fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
     let dl = gpu.upload(l, "logits").unwrap();
-    let paths = [
-        RouterPaths::default(),
-        RouterPaths {
-            window: -1,
-            ..RouterPaths::default()
-        },
-        RouterPaths {
-            window: 0,
-            ..RouterPaths::default()
-        },
-        RouterPaths {
-            select_on_probabilities: true,
-            ..RouterPaths::default()
-        },
-    ];
     for normalize in [true, false] {
         let shape = format!("{what} {rows}x{experts} top {k} norm {}", normalize as u8);
         let (want_ids, want_w) = moe::route(l, experts, k, normalize);
         let (exact_ids, exact_w) = route_device_exp(l, experts, k, normalize);
-        for p in paths {
-            let (ids, w) =
-                gmoe::moe_router_paths(gpu, &dl, rows, experts, k, normalize, p).unwrap();
-            let got_ids = gpu.download(&ids, "ids").unwrap();
-            let got_w = gpu.download(&w, "weights").unwrap();
-            assert_eq!(got_ids, exact_ids, "moe_router ids at {shape}, {p:?}");
-            for (i, (g, r)) in got_w.iter().zip(&exact_w).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    r.to_bits(),
-                    "moe_router weight {i} at {shape}, {p:?}: {g} vs {r} (device exp)"
-                );
-            }
-        }
         let (ids, w) = gmoe::moe_router(gpu, &dl, rows, experts, k, normalize).unwrap();
         let got_ids = gpu.download(&ids, "ids").unwrap();
         let got_w = gpu.download(&w, "weights").unwrap();
+        assert_eq!(got_ids, exact_ids, "moe_router ids at {shape} (device exp)");
+        for (i, (g, r)) in got_w.iter().zip(&exact_w).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                r.to_bits(),
+                "moe_router weight {i} at {shape}: {g} vs {r} (device exp)"
+            );
+        }
         assert_eq!(got_ids, want_ids, "moe_router ids at {shape} (CPU exp)");
         let (mut worst, mut equal) = (0.0f32, 0);
         for (i, (&g, &r)) in got_w.iter().zip(&want_w).enumerate() {
@@ -217,8 +174,8 @@ fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k
             equal += (g.to_bits() == r.to_bits()) as usize;
         }
         println!(
-            "{:<28} {shape:<44} every path bit-equal to the device-exp reference; CPU ref: ids \
-             equal, weights rel {worst:.2e}, bit-equal {:.1}%",
+            "{:<28} {shape:<44} bit-equal to the device-exp reference; CPU ref: ids equal, \
+             weights rel {worst:.2e}, bit-equal {:.1}%",
             "moe_router_reference_f32",
             100.0 * equal as f64 / got_w.len().max(1) as f64
         );
@@ -229,9 +186,10 @@ fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k
 fn router_matches_the_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
-    // (rows, experts, top_k): tiny (one piece of the sum); not a multiple of 32; 2 and 3 pieces;
-    // the real 512/10 at decode, at 3, 8, 64 rows and a prefill; more experts than softmax
-    // threads (the selection scans memory); the largest top k; top k = experts.
+    // (rows, experts, top_k): tiny (one warp); not a multiple of 32 (a padded chunk); chunk
+    // counts not a power of two; the real 512/10 at decode, at 3, 8, 64 rows and a prefill;
+    // more experts than the block's 1024 threads (2, 3 and 4 a thread; over 32 chunk sums,
+    // halved in shared memory first); the largest top k; top k = experts.
     for (rows, experts, k) in [
         (3, 8, 2),
         (5, 60, 7),
@@ -244,6 +202,9 @@ fn router_matches_the_reference() {
         (300, 512, 10),
         (2, 513, 10),
         (2, 1000, 64),
+        (2, 1500, 10),
+        (1, 2100, 20),
+        (2, 4096, 64),
         (4, 64, 64),
         (1, 33, 33),
     ] {
@@ -288,6 +249,10 @@ fn router_shape_errors_name_the_kernel() {
             "{err}"
         );
     }
+    // More experts than the block holds (4 a thread).
+    let l = gpu.upload(&vec![0.0f32; 4097], "logits").unwrap();
+    let err = gmoe::moe_router(&gpu, &l, 1, 4097, 10, true).expect_err("a shape error");
+    assert!(err.to_string().contains("4097 experts"), "{err}");
 }
 
 /// Weights of one expert bank: f32 or bf16 on the device, and the values the reference uses.

@@ -7,12 +7,24 @@ use super::{dot, silu};
 /// Softmax over each row of `logits [T, E]`, then the `k` largest probabilities (ties: lower
 /// expert id first), renormalised to sum 1 when `normalize`. Returns ids and weights `[T, k]`.
 pub fn route(logits: &[f32], experts: usize, k: usize, normalize: bool) -> (Vec<i64>, Vec<f32>) {
+    route_with_exp(logits, experts, k, normalize, f32::exp)
+}
+
+/// [`route`] with the given exp (the GPU tests pass the device's, to check its kernel bit for
+/// bit).
+pub fn route_with_exp(
+    logits: &[f32],
+    experts: usize,
+    k: usize,
+    normalize: bool,
+    exp: impl Fn(f32) -> f32,
+) -> (Vec<i64>, Vec<f32>) {
     let mut ids = Vec::new();
     let mut weights = Vec::new();
     for row in logits.chunks(experts) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let exps: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
-        let sum: f32 = exps.iter().sum();
+        let exps: Vec<f32> = row.iter().map(|&l| exp(l - max)).collect();
+        let sum = softmax_sum(&exps);
         let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
         let mut order: Vec<usize> = (0..experts).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
@@ -28,6 +40,31 @@ pub fn route(logits: &[f32], experts: usize, k: usize, normalize: bool) -> (Vec<
         }
     }
     (ids, weights)
+}
+
+/// The softmax's sum of the exps, in the order this reference fixes (torch's own order is its
+/// kernels' business; any order is within a few ulps): chunks of 32 experts in id order, each
+/// summed by halving, then the chunk sums by halving. It is the order a GPU warp forms with
+/// butterfly shuffles, so the device's router (kernels/moe.cu) gives these bits in a few steps
+/// instead of one add at a time.
+pub fn softmax_sum(exps: &[f32]) -> f32 {
+    let chunk_sums: Vec<f32> = exps.chunks(32).map(halving_sum).collect();
+    halving_sum(&chunk_sums)
+}
+
+/// Sum by halving: padded with zeros to a power of two, `v[i] += v[i + n/2]` for the lower half,
+/// then again on it, until one value is left (the padding adds exact zeros).
+fn halving_sum(values: &[f32]) -> f32 {
+    let mut v = values.to_vec();
+    v.resize(values.len().next_power_of_two(), 0.0);
+    while v.len() > 1 {
+        let half = v.len() / 2;
+        for i in 0..half {
+            v[i] += v[i + half];
+        }
+        v.truncate(half);
+    }
+    v.first().copied().unwrap_or(0.0)
 }
 
 pub struct ExpertBank<'a> {
@@ -118,4 +155,28 @@ pub fn expert_major(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The halving order is the sum's definition: 1 and 31 halves of its ulp sum to 1 one add at
+    /// a time (each add rounds back to 1), but the halves meet one another first by halving.
+    #[test]
+    fn softmax_sum_adds_by_halving() {
+        let half_ulp = 2f32.powi(-24);
+        let mut v = vec![half_ulp; 32];
+        v[0] = 1.0;
+        assert_eq!(v.iter().sum::<f32>(), 1.0);
+        assert_eq!(softmax_sum(&v), 1.0 + 15.0 * 2f32.powi(-23));
+        // Chunks of 32, then their sums: the second chunk's 1 meets the first chunk's sum last.
+        let mut w = v.clone();
+        w.extend(std::iter::repeat_n(0.0, 31));
+        w.push(1.0);
+        assert_eq!(softmax_sum(&w), 2.0 + 16.0 * 2f32.powi(-23));
+        // Zero padding (a partial chunk, a chunk count not a power of two) adds nothing.
+        assert_eq!(softmax_sum(&[0.5, 0.25, 0.125]), 0.875);
+        assert_eq!(softmax_sum(&[]), 0.0);
+    }
 }

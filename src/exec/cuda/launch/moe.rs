@@ -15,40 +15,16 @@ use crate::exec::cuda::error::CudaError;
 pub const ROUTER_MAX_TOPK: usize = 64;
 /// Dynamic shared memory a kernel may use without opting in.
 const SHARED_LIMIT: usize = 48 * 1024;
-/// What the router kernel's static shared memory may take of `SHARED_LIMIT` (about 4.7 KB).
-const ROUTER_STATIC_SHARED: usize = 8 * 1024;
-/// The router's softmax threads at most, and its selection warps (`kernels/moe.cu`).
-const ROUTER_EXP_THREADS: usize = 512;
-const ROUTER_SEL_WARPS: usize = 4;
-/// Candidate starts either side of each piece of the router's sum (`ROUTER_WINDOW`).
-pub const ROUTER_WINDOW: i32 = 64;
+/// The router's threads at most and experts a thread holds at most (`ROUTER_THREADS`,
+/// `ROUTER_PER_LANE` in `kernels/moe.cu`).
+const ROUTER_THREADS: usize = 1024;
+const ROUTER_PER_LANE: usize = 4;
 /// Warps per block of the expert kernels (small blocks: even work over the SMs).
 const EXPERT_WARPS: usize = 4;
 /// Slot passes a warp of the down kernel runs at once (`DOWN_PASSES` in kernels/moe.cu).
 const DOWN_PASSES: usize = 2;
 /// 16-byte chunks per slot a lane loads at once in the down kernel (`DOWN_BATCH`).
 const DOWN_BATCH: usize = 10;
-
-/// How the router kernel gets its (always identical) result; the default is the fast way. The
-/// others are for tests: each path must give the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RouterPaths {
-    /// Candidate starts either side of each piece of the sequential sum (at most
-    /// [`ROUTER_WINDOW`]); 0 makes most pieces miss (thread 0 then adds them itself); negative:
-    /// no pieces, one thread adds every exp.
-    pub window: i32,
-    /// Always select on the probabilities (the slow exact path), never on the logits.
-    pub select_on_probabilities: bool,
-}
-
-impl Default for RouterPaths {
-    fn default() -> Self {
-        RouterPaths {
-            window: ROUTER_WINDOW,
-            select_on_probabilities: false,
-        }
-    }
-}
 
 /// `ops::moe::route` for `logits [rows, experts]`: per row a softmax, then the `top_k` largest
 /// probabilities (ties: lower expert id first) in selection order, renormalised by their sum when
@@ -62,31 +38,7 @@ pub fn moe_router(
     top_k: usize,
     normalize: bool,
 ) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
-    moe_router_paths(
-        gpu,
-        logits,
-        rows,
-        experts,
-        top_k,
-        normalize,
-        RouterPaths::default(),
-    )
-}
-
-/// [`moe_router`] by the given path (tests).
-pub fn moe_router_paths(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    rows: usize,
-    experts: usize,
-    top_k: usize,
-    normalize: bool,
-    paths: RouterPaths,
-) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
     let kernel = "moe_router_reference_f32";
-    // The exps (rounded up to 4 floats), then one u64 per chunk of 32 experts.
-    let shared = experts.next_multiple_of(4) * std::mem::size_of::<f32>()
-        + experts.div_ceil(32) * std::mem::size_of::<u64>();
     shape(
         kernel,
         rows > 0 && experts > 0 && logits.len() == rows * experts,
@@ -97,32 +49,29 @@ pub fn moe_router_paths(
             )
         },
     )?;
+    shape(kernel, experts <= ROUTER_THREADS * ROUTER_PER_LANE, || {
+        format!(
+            "{experts} experts, more than the {} a block holds",
+            ROUTER_THREADS * ROUTER_PER_LANE
+        )
+    })?;
     shape(
         kernel,
         top_k > 0 && top_k <= experts && top_k <= ROUTER_MAX_TOPK,
         || format!("top {top_k} of {experts} experts (at most {ROUTER_MAX_TOPK})"),
     )?;
-    shape(
-        kernel,
-        shared <= SHARED_LIMIT - ROUTER_STATIC_SHARED,
-        || {
-            format!(
-                "{experts} experts need {shared} bytes of shared memory, more than {}",
-                SHARED_LIMIT - ROUTER_STATIC_SHARED
-            )
-        },
-    )?;
     let f = gpu.function("moe.cu", kernel)?;
     let mut ids = gpu.output::<i64>(rows * top_k, "router ids")?;
     let mut weights = gpu.output::<f32>(rows * top_k, "router weights")?;
     let (r64, e32, k32, n32) = (rows as i64, experts as i32, top_k as i32, normalize as i32);
-    let window = paths.window.min(ROUTER_WINDOW);
-    let flags = paths.select_on_probabilities as i32;
-    let exp_threads = experts.next_multiple_of(32).min(ROUTER_EXP_THREADS);
     let cfg = LaunchConfig {
         grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
-        block_dim: ((exp_threads + 32 * ROUTER_SEL_WARPS) as u32, 1, 1),
-        shared_mem_bytes: shared as u32,
+        block_dim: (
+            experts.next_multiple_of(32).min(ROUTER_THREADS) as u32,
+            1,
+            1,
+        ),
+        shared_mem_bytes: 0,
     };
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *ids)
@@ -131,14 +80,11 @@ pub fn moe_router_paths(
         .arg(&r64)
         .arg(&e32)
         .arg(&k32)
-        .arg(&n32)
-        .arg(&window)
-        .arg(&flags);
+        .arg(&n32);
     // SAFETY: logits holds rows*experts floats, ids and weights rows*top_k values each;
-    // top_k <= ROUTER_MAX_TOPK (the kernel's static arrays); the dynamic shared memory holds the
-    // exps rounded up to 4 and a u64 per 32 experts; the block is the softmax threads (a multiple
-    // of 32, at most ROUTER_EXP_THREADS, as the kernel's named barrier and launch bounds expect)
-    // plus ROUTER_SEL_WARPS warps; window <= ROUTER_WINDOW (the candidates' static array).
+    // top_k <= ROUTER_MAX_TOPK and the block's warps <= 32 (the kernel's static lists); the
+    // block is a multiple of 32 threads, at most ROUTER_THREADS (its launch bounds), holding
+    // every expert at ROUTER_PER_LANE a thread at most.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((ids, weights))
 }
