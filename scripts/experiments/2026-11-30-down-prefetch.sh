@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Session 9: the routed experts' down kernel prefetches its blocks' expert rows into L2 before its
-# wait (while the gate/up streams): gpu_moe, gpu_e2e and the decode timeline.
+# EXPERIMENT (branch down-prefetch): the decode down kernel (moe_experts_down_rows_*) asks its
+# rows of each slot's expert into L2 before its wait (the router's ids are final by then), while
+# the gate/up ahead still streams. gpu_moe, then the decode timeline at 8 layers, 8k context,
+# with it and without it (GRAPHRUN_DOWN_PREFETCH=0) in the same call.
+# Build here: cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-for t in gpu_moe gpu_e2e; do ./gpu-bin/$t --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; echo "$t rc $?"; grep -E "test result|panicked" "$OUT/$t.log"; done
-NAME=trace bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1; echo "trace rc $?"
-rm -f "$OUT/trace.json"
-grep -E "decode timeline" "$OUT/trace.log" | cut -c1-60,150-230
-grep -E "^  moe_experts" "$OUT/trace.log" | head -2
-grep -E "^    blk.(0|1)\.moe" "$OUT/trace.log" | grep blocks
+./gpu-bin/gpu_moe --nocapture --test-threads=1 >"$OUT/gpu_moe.log" 2>&1; echo "gpu_moe rc $?"
+grep -E "test result|panicked" "$OUT/gpu_moe.log"
+for v in 1 0 1 0; do
+    GRAPHRUN_DOWN_PREFETCH=$v NAME=trace-$v bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1; echo "prefetch $v trace rc $?"
+    rm -f "$OUT/trace-$v.json"
+    grep -E "decode timeline|dense parts in the replayed" "$OUT/trace-$v.log" | cut -c1-60,150-230
+    grep -E "blk.[12].moe.routed moe|blk.[12].mlp_res" "$OUT/trace-$v.log" | cut -c1-130
+done
