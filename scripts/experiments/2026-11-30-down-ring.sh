@@ -7,6 +7,7 @@
 # with `DownKernel::Ring { ids_early: false }` in `DownKernel::choose` (launch/moe.rs), the
 # copies issued after the wait, its graphrun as gpu-bin/graphrun-ring-late (traced if present).
 # NOT RUN YET: written at the end of session 10, when the device budget was spent.
+# LOST: session 11's checkout held main only; the branch down-ring is gone (scripts/README.md).
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

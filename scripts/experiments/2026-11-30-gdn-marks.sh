@@ -3,6 +3,10 @@
 # graph (block 0, thread 0, %globaltimer): 0 start, 1 past the wait, 2 the state in registers,
 # 3 step 1 (q, k normed, v, gates; barrier), 4 step 2 (the recurrence; barrier), 5 the norm,
 # 6 back in the kernel, 7 the state stored (a fence). GRAPHRUN_MARKS=1: the bench prints them.
+# The code (not on main): git apply scripts/experiments/patches/2026-11-30-gdn-marks-hold.patch
+# on a branch, then build graphrun into gpu-bin/. Run: HOLDS="0 1 0 1" (the default) compares the
+# trigger at the wait (0, main's) with the trigger after step 2 (1), which has NOT run yet (its
+# first run lacked the trace record; fixed in the patch, then the device budget was spent).
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
