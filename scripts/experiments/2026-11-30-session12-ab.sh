@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# PREPARED for the next session, NOT RUN: two experiments of session 11 in one device call.
+# Build (here), on a branch:
+#   git apply scripts/experiments/patches/2026-11-30-gdn-marks-hold.patch   # GDN marks + holds
+#   git apply scripts/experiments/patches/2026-11-30-router-narrow.patch    # the narrow router
+#   cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
+# Then: gpu_moe (the narrow router against the reference on every router check) and the decode
+# timeline at 8 layers, 8k context, alternating: main's behaviour (the general router, the GDN
+# recurrence's trigger at its wait), the narrow router, the recurrence's trigger after its step 2
+# (hold 1) and after its norm (hold 2). GRAPHRUN_MARKS=1 prints the recurrence's phase marks
+# (docs/cuda-plan.md, eleventh session, says what they are and what each outcome would mean).
+# carry: ["gpu-bin"]; logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+./gpu-bin/gpu_moe --nocapture --test-threads=1 >"$OUT/gpu_moe.log" 2>&1; echo "gpu_moe rc $?"
+grep -E "test result|panicked" "$OUT/gpu_moe.log"
+run() {  # name, then env assignments
+    local name=$1; shift
+    env "$@" GRAPHRUN_MARKS=1 NAME=trace-$name bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "$name trace rc $?"
+    rm -f "$OUT/trace-$name.json"
+    grep -E "decode timeline" "$OUT/trace-$name.log" | cut -c1-60,150-230
+    grep -E "marks slot (1[2-7]):" "$OUT/trace-$name.log"
+    grep -E "blk.1.gdn.o_norm|blk.1.attn_res|blk.1.moe.expert_ids|blk.1.moe.shared_h" "$OUT/trace-$name.log" | cut -c1-130
+}
+for pass in 1 2; do
+    run main GRAPHRUN_ROUTER_GENERAL=1 GRAPHRUN_GDN_HOLD=0
+    run narrow GRAPHRUN_GDN_HOLD=0
+    run hold1 GRAPHRUN_ROUTER_GENERAL=1 GRAPHRUN_GDN_HOLD=1
+    run hold2 GRAPHRUN_ROUTER_GENERAL=1 GRAPHRUN_GDN_HOLD=2
+done
