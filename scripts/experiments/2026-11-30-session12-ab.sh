@@ -4,6 +4,8 @@
 #   git apply scripts/experiments/patches/2026-11-30-gdn-marks-hold.patch   # GDN marks + holds
 #   git apply scripts/experiments/patches/2026-11-30-router-narrow.patch    # the narrow router
 #   cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
+#   (with the GDN patch the text test every_kernel_waits_for_its_producers_before_touching_memory
+#   fails: its phase mark 0 is taken before the wait, on purpose; nothing else does)
 # Then: gpu_moe (the narrow router against the reference on every router check) and the decode
 # timeline at 8 layers, 8k context, alternating: main's behaviour (the general router, the GDN
 # recurrence's trigger at its wait), the narrow router, the recurrence's trigger after its step 2
