@@ -44,18 +44,10 @@ fn route_device_exp(
     moe::route_with_exp(logits, experts, k, normalize, device_exp)
 }
 
-/// The reference's softmax of one row (as `ops::moe::route` computes it).
-fn softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
-    let sum = moe::softmax_sum(&exps);
-    exps.iter().map(|e| e / sum).collect()
-}
-
 /// Whether two of the `k + 1` largest probabilities are so close that the device's exp (not
 /// bit-identical to the CPU's) could order them differently.
 fn near_tie(row: &[f32], k: usize) -> bool {
-    let mut p = softmax(row);
+    let mut p = moe::softmax_with_exp(row, f32::exp);
     p.sort_by(|a, b| b.total_cmp(a));
     p[..(k + 1).min(p.len())]
         .windows(2)

@@ -3,6 +3,8 @@
 # rows of each slot's expert into L2 before its wait (the router's ids are final by then), while
 # the gate/up ahead still streams. gpu_moe, then the decode timeline at 8 layers, 8k context,
 # with it and without it (GRAPHRUN_DOWN_PREFETCH=0) in the same call.
+# NOT re-runnable on main: measured slower and not kept (results/2026-11-30-down-prefetch.log);
+# the branch did not outlive the session.
 # Build here: cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail

@@ -3,6 +3,8 @@
 # the reference's new halving order, selection on the probabilities by warp rounds and a counting
 # merge): the MoE tests and end to end, then the decode timeline at 8 layers, 8k context
 # (compare results/2026-11-30-session11-start-trace.log: router ~6.2 us a layer).
+# It ran the router's FIRST rewrite (no longer on main: the branch's later commits replaced the
+# selection, results/2026-11-30-router-marks.log); main's router is in router-final.sh's run.
 # Build here: cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail

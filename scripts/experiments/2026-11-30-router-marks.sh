@@ -2,6 +2,9 @@
 # EXPERIMENT (branch router-halving): the MoE tests and end to end, then the new router's phases by %globaltimer marks, alone
 # (gpu_moe's ignored router_phases) and inside the replayed decode graph (GRAPHRUN_ROUTER_MARKS=1:
 # the bench prints each router launch's marks after the traced steps).
+# NOT re-runnable on main: the marks and switches were experiment code on the branch, which did not
+# outlive the session; the router it converged on is main's (c50ff0c). A generic form of the marks
+# (GRAPHRUN_MARKS) is in scripts/experiments/patches/2026-11-30-gdn-marks-hold.patch.
 # carry: ["gpu-bin"]; logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

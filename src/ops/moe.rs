@@ -22,10 +22,7 @@ pub fn route_with_exp(
     let mut ids = Vec::new();
     let mut weights = Vec::new();
     for row in logits.chunks(experts) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let exps: Vec<f32> = row.iter().map(|&l| exp(l - max)).collect();
-        let sum = softmax_sum(&exps);
-        let probs: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+        let probs = softmax_with_exp(row, &exp);
         let mut order: Vec<usize> = (0..experts).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let chosen = &order[..k];
@@ -40,6 +37,15 @@ pub fn route_with_exp(
         }
     }
     (ids, weights)
+}
+
+/// The router's softmax of one row of logits with the given exp: exp(l - max) over the exps'
+/// [`softmax_sum`] (the max ignores NaN, as f32::max does).
+pub fn softmax_with_exp(row: &[f32], exp: impl Fn(f32) -> f32) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = row.iter().map(|&l| exp(l - max)).collect();
+    let sum = softmax_sum(&exps);
+    exps.iter().map(|e| e / sum).collect()
 }
 
 /// The softmax's sum of the exps, in the order this reference fixes (torch's own order is its
