@@ -85,30 +85,34 @@ __device__ __forceinline__ float router_warp_halving_sum(float v) {
 }
 
 // ids, weights [rows, top_k]; logits [rows, experts]. Block: min(experts rounded up to 32, 1024)
-// threads, experts <= ROUTER_PER_LANE x the block, top_k <= ROUTER_MAX_TOPK (checked on the host).
-extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
-    moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts,
-                             int top_k, int normalize) {
-    wait_for_producers();
+// threads, experts <= PER x the block, top_k <= ROUTER_MAX_TOPK (checked on the host). PER (the
+// experts a thread may hold) is a template argument: the narrow kernel (PER 1: up to 1024
+// experts, the real model's 512) is a quarter of the wide one's code, and its phases follow one
+// another sooner (3.6 against 4.5 us a layer in the replayed decode graph,
+// results/2026-11-30-session12-ab-*.log: instruction fetch from L2 while the kernels around it
+// stream weights, most likely). The launcher (`launch::moe::RouterKernel`) picks.
+template <int PER>
+__device__ __forceinline__ void router_rows(long long* ids, float* weights, const float* logits, long rows,
+                                            int experts, int top_k, int normalize) {
     __shared__ int warp_key[ROUTER_WARPS];
-    __shared__ float chunk_sum[ROUTER_WARPS * ROUTER_PER_LANE];
+    __shared__ float chunk_sum[ROUTER_WARPS * PER];
     __shared__ int candidates;
-    __shared__ unsigned long long cand[ROUTER_THREADS * ROUTER_PER_LANE];
+    __shared__ unsigned long long cand[ROUTER_THREADS * PER];
     __shared__ unsigned long long chosen[ROUTER_MAX_TOPK];
 
     const int threads = (int)blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warps = threads >> 5;
-    const int per = (experts + threads - 1) / threads;  // experts a thread holds (<= ROUTER_PER_LANE)
+    const int per = PER == 1 ? 1 : (experts + threads - 1) / threads;  // experts a thread holds (<= PER)
     const int chunks = (experts + 31) >> 5;
     const bool bounded = warps >= top_k;
 
     for (long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* l = logits + row * experts;
         // Thread tid holds experts tid + q * threads: warp w's lanes hold chunk w + q * warps.
-        float v[ROUTER_PER_LANE];
+        float v[PER];
         int key = float_order_key(MOE_NEG_INF);
 #pragma unroll
-        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+        for (int q = 0; q < PER; q++) {
             const int e = tid + q * threads;
             v[q] = (q < per && e < experts) ? __ldg(l + e) : MOE_NEG_INF;
             if (!isnan(v[q])) key = max(key, float_order_key(v[q]));
@@ -127,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
 
         // The exps (0 past the last expert: the reference's zero padding) and the chunk sums.
 #pragma unroll
-        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+        for (int q = 0; q < PER; q++) {
             const int e = tid + q * threads;
             v[q] = (q < per && e < experts) ? (float)exp((double)__fsub_rn(v[q], mx)) : 0.0f;
             if (q < per) {
@@ -143,17 +147,20 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
         // butterfly.
         float c[4];
 #pragma unroll
-        for (int m = 0; m < 4; m++) c[m] = lane + 32 * m < chunks ? chunk_sum[lane + 32 * m] : 0.0f;
-        c[0] = __fadd_rn(c[0], c[2]);
-        c[1] = __fadd_rn(c[1], c[3]);
-        c[0] = __fadd_rn(c[0], c[1]);
+        for (int m = 0; m < 4; m++)
+            c[m] = (m < PER && lane + 32 * m < chunks) ? chunk_sum[lane + 32 * m] : 0.0f;
+        if (PER > 1) {
+            c[0] = __fadd_rn(c[0], c[2]);
+            c[1] = __fadd_rn(c[1], c[3]);
+            c[0] = __fadd_rn(c[0], c[1]);
+        }
         const float sum = router_warp_halving_sum(c[0]);
 
         // The candidates: probabilities at least the bound's (NaN ones too: total_cmp puts a
         // positive NaN first), as ranks in shared memory, a warp's at once.
         const float bound_p = __fdiv_rn(bound_exp, sum);
 #pragma unroll
-        for (int q = 0; q < ROUTER_PER_LANE; q++) {
+        for (int q = 0; q < PER; q++) {
             const int e = tid + q * threads;
             if (q < per) {
                 const float pr = __fdiv_rn(v[q], sum);
@@ -198,6 +205,20 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
         }
         if (row + gridDim.x < rows) __syncthreads();  // shared memory is reused by the next row
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
+    moe_router_reference_f32(long long* ids, float* weights, const float* logits, long rows, int experts,
+                             int top_k, int normalize) {
+    wait_for_producers();
+    router_rows<ROUTER_PER_LANE>(ids, weights, logits, rows, experts, top_k, normalize);
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
+    moe_router_narrow_f32(long long* ids, float* weights, const float* logits, long rows, int experts, int top_k,
+                          int normalize) {
+    wait_for_producers();
+    router_rows<1>(ids, weights, logits, rows, experts, top_k, normalize);
 }
 
 // ---------------------------------------------------------------------------------------------

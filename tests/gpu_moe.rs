@@ -21,6 +21,7 @@ mod common;
 use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
+use graphrun::exec::cuda::launch::moe::RouterKernel;
 use graphrun::exec::cuda::launch::{self, layout, moe as gmoe, DeviceMatrix};
 use graphrun::exec::cuda::{CudaError, Gpu, ReadyInputs};
 use graphrun::ops::{embed, moe, ple};
@@ -136,14 +137,23 @@ fn zero_probability_logits(experts: usize) -> Vec<f32> {
 }
 
 /// Routes `l` on the device and checks it: bit-equal to the reference with the device's exp;
-/// ids equal to `ops::moe::route`'s and weights within ROUTER_WEIGHT_BOUND.
+/// ids equal to `ops::moe::route`'s and weights within ROUTER_WEIGHT_BOUND. By both kernels where
+/// the narrow one holds the row (so bit-equal to each other), else by the wide one.
 fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
     let dl = gpu.upload(l, "logits").unwrap();
-    for normalize in [true, false] {
+    let forms = if RouterKernel::for_experts(experts) == RouterKernel::Narrow {
+        vec![RouterKernel::Narrow, RouterKernel::Wide]
+    } else {
+        vec![RouterKernel::Wide]
+    };
+    for (normalize, form) in [true, false]
+        .into_iter()
+        .flat_map(|n| forms.iter().map(move |&f| (n, f)))
+    {
         let shape = format!("{what} {rows}x{experts} top {k} norm {}", normalize as u8);
         let (want_ids, want_w) = moe::route(l, experts, k, normalize);
         let (exact_ids, exact_w) = route_device_exp(l, experts, k, normalize);
-        let (ids, w) = gmoe::moe_router(gpu, &dl, rows, experts, k, normalize).unwrap();
+        let (ids, w) = gmoe::moe_router_with(gpu, &dl, rows, experts, k, normalize, form).unwrap();
         let got_ids = gpu.download(&ids, "ids").unwrap();
         let got_w = gpu.download(&w, "weights").unwrap();
         assert_eq!(got_ids, exact_ids, "moe_router ids at {shape} (device exp)");
@@ -168,7 +178,7 @@ fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k
         println!(
             "{:<28} {shape:<44} bit-equal to the device-exp reference; CPU ref: ids equal, \
              weights rel {worst:.2e}, bit-equal {:.1}%",
-            "moe_router_reference_f32",
+            form.name(),
             100.0 * equal as f64 / got_w.len().max(1) as f64
         );
     }
@@ -235,16 +245,28 @@ fn router_shape_errors_name_the_kernel() {
     let Some(gpu) = gpu_or_skip() else { return };
     let l = gpu.upload(&[0.0f32; 16], "logits").unwrap();
     for (rows, experts, k) in [(2, 8, 9), (3, 8, 2), (1, 16, 0)] {
-        let err = gmoe::moe_router(&gpu, &l, rows, experts, k, true).expect_err("a shape error");
-        assert!(
-            err.to_string().contains("moe_router_reference_f32"),
-            "{err}"
-        );
+        for form in [RouterKernel::Narrow, RouterKernel::Wide] {
+            let err = gmoe::moe_router_with(&gpu, &l, rows, experts, k, true, form)
+                .expect_err("a shape error");
+            assert!(err.to_string().contains(form.name()), "{err}");
+        }
     }
-    // More experts than the block holds (4 a thread).
+    // More experts than the block holds: 1 a thread (narrow), 4 (wide).
+    let l = gpu.upload(&vec![0.0f32; 1025], "logits").unwrap();
+    let err = gmoe::moe_router_with(&gpu, &l, 1, 1025, 10, true, RouterKernel::Narrow)
+        .expect_err("a shape error");
+    assert!(
+        err.to_string().contains("moe_router_narrow_f32")
+            && err.to_string().contains("1025 experts"),
+        "{err}"
+    );
     let l = gpu.upload(&vec![0.0f32; 4097], "logits").unwrap();
     let err = gmoe::moe_router(&gpu, &l, 1, 4097, 10, true).expect_err("a shape error");
-    assert!(err.to_string().contains("4097 experts"), "{err}");
+    assert!(
+        err.to_string().contains("moe_router_reference_f32")
+            && err.to_string().contains("4097 experts"),
+        "{err}"
+    );
 }
 
 /// Weights of one expert bank: f32 or bf16 on the device, and the values the reference uses.

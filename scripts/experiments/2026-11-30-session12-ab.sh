@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# PREPARED for the next session, NOT RUN: three experiments of session 11 in one device call.
+# RUN in session 12 (results/2026-11-30-session12-ab-*.log, -summary.log): the narrow router
+# 3.6 against 4.5 us a layer (landed); the GDN holds changed nothing (the recurrence's phases the
+# same: its latency chain is not the next kernel's weight prefetch); the ring kernel's launches
+# past 48 KB failed (the allowance was not rounded as the launcher rounds: fixed in the patch,
+# run by 2026-11-30-session12-ring.sh). The router patch is on main now: apply the other two.
+# Three experiments of session 11 in one device call.
 # Build (here), on a branch:
 #   git apply scripts/experiments/patches/2026-11-30-gdn-marks-hold.patch   # GDN marks + holds
 #   git apply scripts/experiments/patches/2026-11-30-router-narrow.patch    # the narrow router

@@ -26,10 +26,41 @@ const DOWN_PASSES: usize = 2;
 /// 16-byte chunks per slot a lane loads at once in the down kernel (`DOWN_BATCH`).
 const DOWN_BATCH: usize = 10;
 
+/// Which router kernel serves a row of experts (both give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterKernel {
+    /// `moe_router_narrow_f32`: an expert a thread, up to `ROUTER_THREADS` (1024) experts; a
+    /// quarter of the wide kernel's code (1104 against 1920 instructions), ~0.9 µs a layer
+    /// faster in the replayed decode graph at the real 512 (3.6 against 4.5 µs,
+    /// results/2026-11-30-session12-ab-*.log).
+    Narrow,
+    /// `moe_router_reference_f32`: up to `ROUTER_PER_LANE` experts a thread (4096).
+    Wide,
+}
+
+impl RouterKernel {
+    /// The narrow kernel where it holds the row, else the wide one.
+    pub fn for_experts(experts: usize) -> RouterKernel {
+        if experts <= ROUTER_THREADS {
+            RouterKernel::Narrow
+        } else {
+            RouterKernel::Wide
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterKernel::Narrow => "moe_router_narrow_f32",
+            RouterKernel::Wide => "moe_router_reference_f32",
+        }
+    }
+}
+
 /// `ops::moe::route` for `logits [rows, experts]`: per row a softmax, then the `top_k` largest
 /// probabilities (ties: lower expert id first) in selection order, renormalised by their sum when
 /// `normalize`. Returns ids and weights `[rows, top_k]`, both on the device, equal bit for bit to
-/// the reference's (the exps are the device's: `exp` in double rounded to f32).
+/// the reference's (the exps are the device's: `exp` in double rounded to f32). The kernel:
+/// [`RouterKernel::for_experts`].
 pub fn moe_router(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -38,7 +69,22 @@ pub fn moe_router(
     top_k: usize,
     normalize: bool,
 ) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
-    let kernel = "moe_router_reference_f32";
+    let form = RouterKernel::for_experts(experts);
+    moe_router_with(gpu, logits, rows, experts, top_k, normalize, form)
+}
+
+/// [`moe_router`] by the kernel `form` (the tests run both; the narrow one refuses more than
+/// `ROUTER_THREADS` experts).
+pub fn moe_router_with(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    experts: usize,
+    top_k: usize,
+    normalize: bool,
+    form: RouterKernel,
+) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
+    let kernel = form.name();
     shape(
         kernel,
         rows > 0 && experts > 0 && logits.len() == rows * experts,
@@ -49,10 +95,14 @@ pub fn moe_router(
             )
         },
     )?;
-    shape(kernel, experts <= ROUTER_THREADS * ROUTER_PER_LANE, || {
+    let per_thread = match form {
+        RouterKernel::Narrow => 1,
+        RouterKernel::Wide => ROUTER_PER_LANE,
+    };
+    shape(kernel, experts <= ROUTER_THREADS * per_thread, || {
         format!(
             "{experts} experts, more than the {} a block holds",
-            ROUTER_THREADS * ROUTER_PER_LANE
+            ROUTER_THREADS * per_thread
         )
     })?;
     shape(
@@ -84,7 +134,7 @@ pub fn moe_router(
     // SAFETY: logits holds rows*experts floats, ids and weights rows*top_k values each;
     // top_k <= ROUTER_MAX_TOPK and the block's warps <= 32 (the kernel's static lists); the
     // block is a multiple of 32 threads, at most ROUTER_THREADS (its launch bounds), holding
-    // every expert at ROUTER_PER_LANE a thread at most.
+    // every expert at per_thread a thread at most (the kernel's PER: 1 narrow, 4 wide).
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((ids, weights))
 }
