@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 12: does a latency-bound kernel wait on instruction fetch? The hyper-connection read's
+# two kernels run their body once before their wait, storing nothing (GRAPHRUN_WARM_CODE=1: the
+# body is a loop of two passes, one copy of the code, so the second pass finds it in the SM's
+# instruction caches; the first also pulls the weights and h into L1/L2). A/B against 0.
+# RESULT (results/2026-11-30-session12-warm-*.log): slower (segments 1.37 against 1.275 ms):
+# the act kernel's dry pass outlasts its wait (6.2 -> 12.3 us); the gate, whose dry pass fits in
+# its wait, 0.8 us faster after its release. Not landed.
+# Build: main + patches/2026-11-30-warm-code.patch; cargo build --release && bash scripts/gpu_tests.sh build && cp target/release/graphrun gpu-bin/ && strip gpu-bin/*
+# carry: ["gpu-bin"].
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+GRAPHRUN_WARM_CODE=1 timeout 120 ./gpu-bin/gpu_layout --test-threads=1 >"$OUT/gpu_layout.log" 2>&1; echo "gpu_layout (warm) rc $?"
+grep -E "test result|panicked" "$OUT/gpu_layout.log" | head -4
+bench() {  # name, then env assignments
+    local name=$1; shift
+    env "$@" NAME=bench-$name timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
+    echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
+    rm -f "$OUT/bench-$name.json"
+}
+for pass in 1 2 3; do
+    bench cold GRAPHRUN_WARM_CODE=0
+    bench warm GRAPHRUN_WARM_CODE=1
+done
+for w in 0 1; do
+    GRAPHRUN_WARM_CODE=$w NAME=trace-warm$w timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "trace warm=$w rc $?"; rm -f "$OUT/trace-warm$w.json"
+    grep -E "decode timeline" "$OUT/trace-warm$w.log" | cut -c1-60,150-230
+    grep -E "^    blk.(1|3)\.(attn|mlp)_hc|^    blk.1.gdn.qkv |^    blk.1.moe.router_logits|exit" "$OUT/trace-warm$w.log" | grep blocks | cut -c1-130
+done
