@@ -482,13 +482,18 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
 #define HC_PRE_OUTS 2
 #define HC_PRE_STREAMS 4
 
-// hc_read_gate_s's body. When each warp has one channel and its lanes split over the streams with
-// every chunk of an `up` row in one round (decode at the real geometry), a lane loads its `up`
-// chunks into registers before the kernel's wait (hc_read_gate_prefetch_up) and its stream's h
-// and norm weight before the partial sums, so that the kernel waits on one round of loads
-// instead of three; the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 ->
-// 5.75 us a node in the replayed graph with the up loads after the wait
-// (results/2026-11-30-trace-ple-ids-hc-gate.log).
+// The gate kernels' body, in two forms, each its own kernel. The early form (hc_read_gate_se),
+// where each warp has one channel and its lanes split over the streams with every chunk of an
+// `up` row in one round (decode at the real geometry): a lane loads its `up` chunks into
+// registers before the kernel's wait (hc_read_gate_prefetch_up) and its stream's h and norm
+// weight before the partial sums, so that the kernel waits on one round of loads instead of
+// three; the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 -> 5.75 us a
+// node in the replayed graph with the up loads after the wait
+// (results/2026-11-30-trace-ple-ids-hc-gate.log). The general form (hc_read_gate_s):
+// hc_mix_gate_with, any shape. Apart because a kernel's code is fetched from L2 as it runs, and
+// this one runs once a layer between kernels streaming weights: the early form alone is 1528
+// SASS instructions against 3256 for both in one kernel, and 3.9-4.0 us a node against 4.5-4.65
+// in the replayed decode graph (results/2026-11-30-session12-slim-*.log).
 //
 // A gate lane's place: its warp's channel c, its stream s (32 / C lanes a stream), the up row ch,
 // and whether the block takes the early path (uniform over the block). Index math only.
@@ -525,8 +530,9 @@ __device__ __forceinline__ void hc_read_gate_prefetch_up(uint4* raw, const W* up
     if (g.early && g.live) short_chunks_load<W, HC_GATE_CHUNKS>(up + g.ch * rank, g.chunks, g.first, g.per, raw);
 }
 
-// `raw`: the lane's up chunks, loaded by hc_read_gate_prefetch_up.
-template <typename W>
+// EARLY: the early form (the launcher takes it only where hc_gate_lane's `early` holds; `raw`:
+// the lane's up chunks, loaded by hc_read_gate_prefetch_up), else the general one (raw unused).
+template <typename W, bool EARLY>
 __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const float* h, const float* part,
                                                     const float* ssq, const float* w, const W* up, long streams,
                                                     long hid, long rank, long gains, long w_len, float eps,
@@ -537,7 +543,10 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     const float* ht = h + t * width;
     const int lane = threadIdx.x & 31;
     const HcGateLane g = hc_gate_lane<W>(up, streams, hid, rank);
-    const bool early = g.early, live = g.live;
+    // The launcher checks the early form's conditions as hc_gate_lane does: a mismatch is a bug,
+    // stopped here rather than leaving y unwritten.
+    if (EARLY && !g.early) __trap();
+    const bool early = EARLY, live = g.live;
     const int per = g.per;
     const long c = g.c, s = g.s, ch = g.ch, chunks = g.chunks, first = g.first;
     float hv = 0.0f, nw = 0.0f;
@@ -619,10 +628,21 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         if (threadIdx.x < streams && c0 < hid)                                                                \
             prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
                              min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        wait_for_producers();                                                                                 \
+        hc_read_gate_stream<W, false>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps,    \
+                                      nullptr);                                                               \
+    }                                                                                                         \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_se_##SUFFIX(                                        \
+        float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
+        const W* up, long streams, long hid, long rank, long gains, long w_len, float eps) {                  \
+        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
+        if (threadIdx.x < streams && c0 < hid)                                                                \
+            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
+                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
         uint4 raw[HC_GATE_CHUNKS];                                                                            \
         hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
         wait_for_producers();                                                                                 \
-        hc_read_gate_stream<W>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw);     \
+        hc_read_gate_stream<W, true>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw); \
     }
 
 HC_READ_STREAM_KERNELS(float, f32)

@@ -569,6 +569,23 @@ pub fn hc_read(
     Ok((x, inj))
 }
 
+/// Up chunks a lane of the gate's early form holds (`HC_GATE_CHUNKS` in kernels/layout.cu).
+const HC_GATE_CHUNKS: usize = 6;
+
+/// Whether the gate's early form (`hc_read_gate_se_*`) takes the shape, as `hc_gate_lane`'s
+/// `early` in kernels/layout.cu decides it for the launch in `hc_read_by_stream` (8 warps a block,
+/// a warp a channel, every channel covered): the lanes split evenly over the streams, `up` rows
+/// of whole 16-byte chunks from a 16-byte aligned matrix, a row's chunks within a lane's
+/// HC_GATE_CHUNKS. The kernel stops (trap) if it ever disagrees.
+fn gate_early(gpu: &Gpu, up: &DeviceMatrix, streams: usize, rank: usize) -> bool {
+    let chunk = up.chunk_len();
+    streams <= 32
+        && 32 % streams == 0
+        && rank.is_multiple_of(chunk)
+        && up.device_range(&gpu.stream).0.is_multiple_of(16)
+        && rank / chunk <= HC_GATE_CHUNKS * (32 / streams)
+}
+
 /// Most ranks `hc_read_gate_s` stages in shared memory (`HC_GATE_MAX_RANK`).
 const HC_GATE_MAX_RANK: usize = 1024;
 
@@ -629,6 +646,13 @@ fn hc_read_by_stream(
     // o < R + gains (inject, null without the injection, is read only for o >= R) and block
     // (0, s, t) ssq[t, s]; 16-byte loads only where the slice's length and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
+    // The gate's early form where it takes the shape (its own kernel: less code to fetch).
+    let early_name = up.kernel("hc_read_gate_se");
+    let kernel = if gate_early(gpu, up, streams, rank) {
+        early_name.as_str()
+    } else {
+        kernel
+    };
     let f = gpu.function(FILE, kernel)?;
     let mut b = gpu.launch_builder(&f);
     b.arg(&mut *x);
@@ -648,6 +672,7 @@ fn hc_read_by_stream(
         shared_mem_bytes: 0,
     };
     // SAFETY: block (b, t) reads part/ssq of row t (written by the launch above on this stream),
+    // the early form `up` in 16-byte chunks where gate_early found them whole and aligned,
     // stages rank <= HC_GATE_MAX_RANK activations, and writes x[t, c] for its 8 channels and,
     // block (0, t), inj[t, :] when there are gains (inj is null and never written otherwise).
     launched(kernel, unsafe { b.launch(cfg) })?;

@@ -46,6 +46,18 @@ impl DeviceMatrix {
         }
     }
 
+    /// The matrix's device address and size in bytes.
+    pub fn device_range(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> (u64, usize) {
+        use cudarc::driver::DevicePtr as _;
+        match self {
+            DeviceMatrix::F32(s) => (s.device_ptr(stream).0, s.len() * 4),
+            DeviceMatrix::Bf16(s) => (s.device_ptr(stream).0, s.len() * 2),
+        }
+    }
+
     /// The name of `base`'s kernel for this element type: `<base>_f32` or `<base>_bf16`.
     pub fn kernel(&self, base: &str) -> String {
         match self {
