@@ -201,6 +201,16 @@ __device__ __forceinline__ float hc_norm_weight(const float* w, long ch, long hi
     return 1.0f + (w_len == hid ? w[ch % hid] : w[ch % w_len]);
 }
 
+// A gate kernel's first step, before its wait: the up rows of the block's channels (its warps'
+// channels, in each stream) into L2, a thread a stream.
+template <typename W>
+__device__ __forceinline__ void hc_read_gate_prefetch_rows(const W* up, long streams, long hid, long rank) {
+    const long c0 = (long)blockIdx.x * (blockDim.x >> 5);
+    if (threadIdx.x < streams && c0 < hid)
+        prefetch_weights(up + (threadIdx.x * hid + c0) * rank,
+                         min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));
+}
+
 // Writes act[t, o] (o < R) or inj[t, o - R] from the dot product d over the normalised row.
 __device__ __forceinline__ void hc_read_store(float* act, float* inj, long t, long o, long rank, long streams,
                                               float d) {
@@ -374,10 +384,7 @@ __device__ __forceinline__ void hc_read_act(float* act, float* inj, float* inv_o
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_##SUFFIX(                                           \
         float* y, const float* h, const float* inv, const float* w, const float* act, const W* up, long rows,  \
         long streams, long hid, long rank, long w_len) {                                                      \
-        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
-        if (threadIdx.x < streams && c0 < hid)                                                                \
-            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
-                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        hc_read_gate_prefetch_rows<W>(up, streams, hid, rank);                                               \
         wait_for_producers();                                                                                 \
         const long width = streams * hid;                                                                     \
         hc_mix_gate_with<W>(                                                                                  \
@@ -624,10 +631,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_s_##SUFFIX(                                         \
         float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
         const W* up, long streams, long hid, long rank, long gains, long w_len, float eps) {                  \
-        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
-        if (threadIdx.x < streams && c0 < hid)                                                                \
-            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
-                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        hc_read_gate_prefetch_rows<W>(up, streams, hid, rank);                                               \
         wait_for_producers();                                                                                 \
         hc_read_gate_stream<W, false>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps,    \
                                       nullptr);                                                               \
@@ -635,10 +639,7 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_se_##SUFFIX(                                        \
         float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
         const W* up, long streams, long hid, long rank, long gains, long w_len, float eps) {                  \
-        const long c0 = (long)blockIdx.x * (blockDim.x >> 5);                                                 \
-        if (threadIdx.x < streams && c0 < hid)                                                                \
-            prefetch_weights(up + (threadIdx.x * hid + c0) * rank,                                            \
-                             min((long)(blockDim.x >> 5), hid - c0) * rank * (long)sizeof(W));                \
+        hc_read_gate_prefetch_rows<W>(up, streams, hid, rank);                                               \
         uint4 raw[HC_GATE_CHUNKS];                                                                            \
         hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
         wait_for_producers();                                                                                 \
