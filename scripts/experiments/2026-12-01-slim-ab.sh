@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# PREPARED in session 12, NOT RUN (the device budget was spent): two latency-bound decode
+# kernels without the paths the decode shape never takes (less code to fetch; the lesson of the
+# router and the hyper-connection gate, docs/cuda-plan.md's twelfth session):
+#   patches/2026-12-01-conv-step1.patch          causal_conv_step1_f32: 344 SASS instructions
+#                                                against causal_conv_step_f32's 1328
+#   patches/2026-12-01-shared-write-short.patch  moe_shared_write_short_*: 520 against the
+#                                                general kernel's 2112 (bf16)
+# They touch different files and apply together (checked); both build, the kernel text test
+# passes here. Build: main's binary into gpu-bin/head/ (a worktree with its own target dir),
+# then on a branch `git apply` both, cargo build --release && bash scripts/gpu_tests.sh build &&
+# cp target/release/graphrun gpu-bin/ && strip gpu-bin/* gpu-bin/head/*. carry: ["gpu-bin"].
+# Runs gpu_gdn (every conv check; step1 at one row of dilation 1) and gpu_kernels (the shared
+# write's short form against the CPU and bit-equal to the general kernel), the plain bench at 8
+# layers, 8k, head / slim alternating three times, a trace of the slim build, memcheck of the
+# tiny model. If a form wins alone, land it alone (each patch stands by itself).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+for t in gpu_gdn gpu_kernels; do
+    timeout 120 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
+    grep -E "test result|panicked" "$OUT/$t.log"
+done
+bench() {  # name, binary
+    NAME=bench-$1 GRAPHRUN_BIN=$2 timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
+    echo "$1 rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$1.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$1.log" | head -1 | tr -s ' ')"
+    rm -f "$OUT/bench-$1.json"
+}
+for pass in 1 2 3; do
+    bench head ./gpu-bin/head/graphrun
+    bench slim ./gpu-bin/graphrun
+done
+NAME=trace-slim timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+echo "trace rc $?"; rm -f "$OUT/trace-slim.json"
+grep -E "decode timeline" "$OUT/trace-slim.log" | cut -c1-60,150-230
+grep -E "^    blk.1\.(gdn.qkv_conv|mlp_res)" "$OUT/trace-slim.log" | grep blocks | cut -c1-130
+timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck ./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
+echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
