@@ -21,11 +21,7 @@ for t in gpu_gdn gpu_kernels; do
     timeout 120 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
     grep -E "test result|panicked" "$OUT/$t.log"
 done
-bench() {  # name, binary
-    NAME=bench-$1 GRAPHRUN_BIN=$2 timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$1 rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$1.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$1.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$1.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2 3; do
     bench head ./gpu-bin/head/graphrun
     bench slim ./gpu-bin/graphrun
