@@ -582,7 +582,7 @@ fn gate_early(gpu: &Gpu, up: &DeviceMatrix, streams: usize, rank: usize) -> bool
     streams <= 32
         && 32 % streams == 0
         && rank.is_multiple_of(chunk)
-        && up.device_range(&gpu.stream).0.is_multiple_of(16)
+        && up.device_address(&gpu.stream).is_multiple_of(16)
         && rank / chunk <= HC_GATE_CHUNKS * (32 / streams)
 }
 

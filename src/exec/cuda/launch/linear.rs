@@ -46,15 +46,12 @@ impl DeviceMatrix {
         }
     }
 
-    /// The matrix's device address and size in bytes.
-    pub fn device_range(
-        &self,
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> (u64, usize) {
+    /// The matrix's device address (alignment checks of the launchers that pick a kernel by it).
+    pub fn device_address(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> u64 {
         use cudarc::driver::DevicePtr as _;
         match self {
-            DeviceMatrix::F32(s) => (s.device_ptr(stream).0, s.len() * 4),
-            DeviceMatrix::Bf16(s) => (s.device_ptr(stream).0, s.len() * 2),
+            DeviceMatrix::F32(s) => s.device_ptr(stream).0,
+            DeviceMatrix::Bf16(s) => s.device_ptr(stream).0,
         }
     }
 
