@@ -6,8 +6,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-bash scripts/gpu_tests.sh run >/dev/null 2>&1; echo "gpu_tests rc $?"
-grep -E "^## |test result|panicked|FAILED" "$OUT/gpu_tests.log" | head -30
-NAME=trace bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1; echo "trace rc $?"
-rm -f "$OUT/trace.json"
-grep -E "decode timeline|dense parts in the replayed" "$OUT/trace.log" | cut -c1-60,150-230
+source scripts/experiments/closing_checks.sh
+gpu_tests_check
+trace_check  # the timeline's summary lines alone

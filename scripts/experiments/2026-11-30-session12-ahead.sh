@@ -16,14 +16,9 @@ cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 ./gpu-bin/gpu_layout --test-threads=1 >"$OUT/gpu_layout.log" 2>&1; echo "gpu_layout rc $?"
 grep -E "test result|panicked" "$OUT/gpu_layout.log" | head
-bench() {  # name, then env assignments
-    local name=$1; shift
-    env "$@" NAME=bench-$name bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$name.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2; do
-    for mb in 0 8 16 24 32 48; do bench ahead$mb GRAPHRUN_PREFETCH_AHEAD_MB=$mb; done
+    for mb in 0 8 16 24 32 48; do bench ahead$mb ./gpu-bin/graphrun GRAPHRUN_PREFETCH_AHEAD_MB=$mb; done
 done
 GRAPHRUN_PREFETCH_AHEAD_MB=24 NAME=trace-ahead24 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
 echo "trace rc $?"; rm -f "$OUT/trace-ahead24.json"

@@ -15,15 +15,10 @@ for t in gpu_layout gpu_e2e; do
     timeout 120 ./gpu-bin/$t --nocapture --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
     grep -E "test result|panicked|hc_read_(s4|s2)_bf16 exit x .*T1 H2560" "$OUT/$t.log" | head -8
 done
-bench() {  # name, then env assignments
-    local name=$1; shift
-    env "$@" NAME=bench-$name timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$name.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2; do
-    bench two GRAPHRUN_HC_FUSED=0
-    bench fused GRAPHRUN_HC_FUSED=1
+    bench two ./gpu-bin/graphrun GRAPHRUN_HC_FUSED=0
+    bench fused ./gpu-bin/graphrun GRAPHRUN_HC_FUSED=1
 done
 NAME=trace-fused timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
 echo "trace rc $?"; rm -f "$OUT/trace-fused.json"

@@ -13,16 +13,11 @@ cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 ./gpu-bin/gpu_moe --nocapture --test-threads=1 >"$OUT/gpu_moe.log" 2>&1; echo "gpu_moe rc $?"
 grep -E "test result|panicked|real|H2560" "$OUT/gpu_moe.log" | head -20
-bench() {  # name, then env assignments
-    local name=$1; shift
-    env "$@" NAME=bench-$name bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$name bench rc $? $(grep -h "segments' time minus" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$name.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2; do
-    bench main GRAPHRUN_ROUTER_GENERAL=1 GRAPHRUN_GDN_HOLD=0 GRAPHRUN_DOWN_RING=0
-    bench narrow GRAPHRUN_GDN_HOLD=0 GRAPHRUN_DOWN_RING=0
-    bench ring GRAPHRUN_GDN_HOLD=0
+    bench main ./gpu-bin/graphrun GRAPHRUN_ROUTER_GENERAL=1 GRAPHRUN_GDN_HOLD=0 GRAPHRUN_DOWN_RING=0
+    bench narrow ./gpu-bin/graphrun GRAPHRUN_GDN_HOLD=0 GRAPHRUN_DOWN_RING=0
+    bench ring ./gpu-bin/graphrun GRAPHRUN_GDN_HOLD=0
 done
 GRAPHRUN_GDN_HOLD=0 NAME=trace-ring bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
 echo "ring trace rc $?"; rm -f "$OUT/trace-ring.json"

@@ -11,15 +11,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 for t in gpu_layout gpu_e2e; do GRAPHRUN_HC_SLIM=1 timeout 120 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t (slim) rc $?"; grep -E "test result|panicked" "$OUT/$t.log" | head -4; done
-bench() {  # name, then env assignments
-    local name=$1; shift
-    env "$@" NAME=bench-$name timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$name.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2 3; do
-    bench full GRAPHRUN_HC_SLIM=0
-    bench slim GRAPHRUN_HC_SLIM=1
+    bench full ./gpu-bin/graphrun GRAPHRUN_HC_SLIM=0
+    bench slim ./gpu-bin/graphrun GRAPHRUN_HC_SLIM=1
 done
 for w in 0 1; do
     GRAPHRUN_HC_SLIM=$w NAME=trace-slim$w timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1

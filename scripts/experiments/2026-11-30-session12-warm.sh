@@ -13,15 +13,10 @@ cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 GRAPHRUN_WARM_CODE=1 timeout 120 ./gpu-bin/gpu_layout --test-threads=1 >"$OUT/gpu_layout.log" 2>&1; echo "gpu_layout (warm) rc $?"
 grep -E "test result|panicked" "$OUT/gpu_layout.log" | head -4
-bench() {  # name, then env assignments
-    local name=$1; shift
-    env "$@" NAME=bench-$name timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 >/dev/null 2>&1
-    echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
-    rm -f "$OUT/bench-$name.json"
-}
+source scripts/experiments/ab_bench.sh
 for pass in 1 2 3; do
-    bench cold GRAPHRUN_WARM_CODE=0
-    bench warm GRAPHRUN_WARM_CODE=1
+    bench cold ./gpu-bin/graphrun GRAPHRUN_WARM_CODE=0
+    bench warm ./gpu-bin/graphrun GRAPHRUN_WARM_CODE=1
 done
 for w in 0 1; do
     GRAPHRUN_WARM_CODE=$w NAME=trace-warm$w timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
