@@ -258,7 +258,11 @@ extern "C" __global__ void append_rows2_f32(float* dst0, const float* src0, floa
 #define IDX_TILE 32
 #define IDX_CHAIN 4
 #define IDX_THREADS 256
-#define IDX_CHUNK 2048
+// Scores a top-k thread block takes: a row of up to this many blocks (16k tokens at block 4) is
+// one chunk, settled in shared memory without the cross-chunk atomics, fences and list reload
+// (2048 put the bench's 8k context, 2049 blocks, in two chunks: the top-k 7.9 -> 6.7 us a decode
+// step in the replayed graph, results/2026-12-01-session13-indexer-trace-*.log).
+#define IDX_CHUNK 4096
 #define IDX_RUN 8
 // Launches of at most this many rows (decode) have each row's first top-k chunk load its keys
 // and histogram before the row's sizes are known (indexer_select_topk_f32).
@@ -287,7 +291,6 @@ __device__ __forceinline__ IdxWork idx_work(unsigned int* base, long rows, long 
     return w;
 }
 
-__device__ __forceinline__ void idx_prefetch_l1(const float* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ unsigned int idx_ord(float score) {
     const unsigned int bits = __float_as_uint(score);
@@ -404,10 +407,11 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
 }
 
 // Lane `lane` of a score thread block: the dot products of pooled key `kb` (a tile row) with head
-// h of rows tg .. tg+R-1 of q (R chains of head_dim adds, interleaved), max(·, 0) into
+// h of the chain's R rows of q, staged in shared memory as qs [R, heads, head_dim] (R chains of
+// head_dim adds, interleaved; every lane reads the same q value: a broadcast), max(·, 0) into
 // part[(r * heads + h) * IDX_TILE + lane] (0 for a lane past the tile's n keys).
 template <int R>
-__device__ __forceinline__ void idx_dots(float* part, const float* kb, const float* q, long tg, int heads, int h,
+__device__ __forceinline__ void idx_dots(float* part, const float* kb, const float* qs, int heads, int h,
                                          int head_dim, int lane, int n) {
     float dot[R];
 #pragma unroll
@@ -415,12 +419,12 @@ __device__ __forceinline__ void idx_dots(float* part, const float* kb, const flo
     if (lane < n) {
         const float* qh[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) qh[r] = q + ((tg + r) * heads + h) * (long)head_dim;
+        for (int r = 0; r < R; r++) qh[r] = qs + (r * heads + h) * head_dim;
 #pragma unroll 8
         for (int d = 0; d < head_dim; d++) {
             const float k = kb[d];
 #pragma unroll
-            for (int r = 0; r < R; r++) dot[r] = __fadd_rn(dot[r], __fmul_rn(__ldg(qh[r] + d), k));
+            for (int r = 0; r < R; r++) dot[r] = __fadd_rn(dot[r], __fmul_rn(qh[r][d], k));
         }
     }
     // f32::max(dot, 0.0): NaN counts as 0.
@@ -441,7 +445,12 @@ __device__ __forceinline__ void idx_dots(float* part, const float* kb, const flo
 // last rows): warp w takes heads w, w + warps, ...; lane k the dot products of key k with those
 // rows at once (idx_dots: one chain of head_dim adds per row, interleaved); then a thread per
 // (row, key) adds the heads in order. The tile is loaded once for all the group's rows.
-// Dynamic shared memory: (IDX_TILE * (head_dim+1) + IDX_CHAIN * heads * IDX_TILE) floats.
+// The queries of the rows a chain scores are staged in shared memory with the tile (the first
+// chain's) or after the previous chain's sums: read from global memory in the dot products'
+// loop, each step of the chain waited on L2 (phase marks: 3.1 of the kernel's 7.1 us a decode
+// step in the replayed graph, results/2026-12-01-session13-prep-ahead-trace-marks.log).
+// Dynamic shared memory: (IDX_TILE * (head_dim+1) + IDX_CHAIN * heads * (IDX_TILE + head_dim))
+// floats.
 extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const float* q, const float* pooled,
                                                     const long long* step, long rows, int heads, int head_dim,
                                                     int block, int keep, long nb, int rows_per_block) {
@@ -449,8 +458,9 @@ extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const fl
     extern __shared__ float smem[];
     const int pitch = head_dim + 1;
     float* tile = smem;
-    float* part = smem + IDX_TILE * pitch;  // [IDX_CHAIN][heads][IDX_TILE]
-    if (keep <= 0) return;                  // sparse rows keep no block: nothing to score
+    float* part = smem + IDX_TILE * pitch;       // [IDX_CHAIN][heads][IDX_TILE]
+    float* qs = part + IDX_CHAIN * heads * IDX_TILE;  // [IDX_CHAIN][heads][head_dim]
+    if (keep <= 0) return;                       // sparse rows keep no block: nothing to score
     const IdxWork wk = idx_work(work, rows, nb);
     const long long start = step[0];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -464,11 +474,16 @@ extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const fl
         // The complete blocks of the group's last row, below the capacity.
         const long long filled = min((start + t_hi) / block, (long long)nb);
         if ((long long)blockIdx.x * IDX_TILE >= filled) continue;  // uniform over the thread block
-        // Warm L1 with the group's queries (a prefetch per 128-byte line) while the tile loads.
-        const long q_end = t_hi * heads * (long)head_dim;
-        for (long e = t0 * heads * (long)head_dim + threadIdx.x * 32l; e < q_end + 32; e += blockDim.x * 32l) {
-            idx_prefetch_l1(q + min(e, q_end - 1));
-        }
+        // Rows [tg, tg + chain) of q into qs (the caller's barrier publishes them).
+        const long row_q = heads * (long)head_dim;
+        auto stage_q = [&](long tg, int chain) {
+            const float* src = q + tg * row_q;
+            for (long e = threadIdx.x; e < chain * row_q; e += blockDim.x) qs[e] = src[e];
+        };
+        auto chain_at = [&](long tg) {
+            const long left = t_hi - tg;
+            return left >= IDX_CHAIN ? IDX_CHAIN : (left >= 2 ? 2 : 1);
+        };
         for (long long b0 = (long long)blockIdx.x * IDX_TILE; b0 < filled; b0 += (long long)gridDim.x * IDX_TILE) {
             const int n = (int)min((long long)IDX_TILE, filled - b0);
             __syncthreads();  // the previous tile and partial sums may still be read
@@ -501,17 +516,21 @@ extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const fl
                     tile[(e / head_dim) * pitch + e % head_dim] = __ldg(src + e);
                 }
             }
+            stage_q(t0, chain_at(t0));  // with the tile: one round trip for both
             __syncthreads();
             for (long tg = t0; tg < t_hi;) {
-                const long left = t_hi - tg;
-                const int chain = left >= IDX_CHAIN ? IDX_CHAIN : (left >= 2 ? 2 : 1);
+                const int chain = chain_at(tg);
+                if (tg != t0) {  // the previous chain's last barrier: qs is free
+                    stage_q(tg, chain);
+                    __syncthreads();
+                }
                 for (int h = warp; h < heads; h += warps) {
                     if (chain == IDX_CHAIN) {
-                        idx_dots<IDX_CHAIN>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                        idx_dots<IDX_CHAIN>(part, tile + lane * pitch, qs, heads, h, head_dim, lane, n);
                     } else if (chain == 2) {
-                        idx_dots<2>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                        idx_dots<2>(part, tile + lane * pitch, qs, heads, h, head_dim, lane, n);
                     } else {
-                        idx_dots<1>(part, tile + lane * pitch, q, tg, heads, h, head_dim, lane, n);
+                        idx_dots<1>(part, tile + lane * pitch, qs, heads, h, head_dim, lane, n);
                     }
                 }
                 __syncthreads();
@@ -700,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(IDX_THREADS)
         // the places of all its words' candidates with one atomicAdd (one round trip, where one
         // per word with candidates made up to PER_WARP in a row): the list's order changes, not
         // its keys, and nothing below depends on the order (histograms, bits set by atomicOr).
-        // When the chunk is the row's only one (complete <= IDX_CHUNK: up to 8k tokens at block
+        // When the chunk is the row's only one (complete <= IDX_CHUNK: up to 16k tokens at block
         // 4), no other chunk is waited for and the candidates and the row's words stay in shared
         // memory (s_ord, s_id, s_above, s_ties): no global atomic, fence or reload on the way,
         // four or five round trips fewer.

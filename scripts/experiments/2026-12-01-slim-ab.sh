@@ -14,6 +14,10 @@
 # write's short form against the CPU and bit-equal to the general kernel), the plain bench at 8
 # layers, 8k, head / slim alternating three times, a trace of the slim build, memcheck of the
 # tiny model. If a form wins alone, land it alone (each patch stands by itself).
+# RESULT (session 13, results/2026-12-01-session13-slim-ab-*.log): correct (gpu_gdn, gpu_kernels,
+# memcheck), no gain: segments 1.199 / 1.203 / 1.209 (head) against 1.205 / 1.203 / 1.203 (slim);
+# in the timeline causal_conv_step1 2.43 us against 2.56 for the general kernel, the short shared
+# write 1.53 against 1.50. Not landed; the patches stay.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0

@@ -204,12 +204,12 @@ const IDX_LIST: usize = 4096;
 const IDX_TILE: usize = 32;
 const IDX_CHAIN: usize = 4;
 const IDX_THREADS: u32 = 256;
-const IDX_CHUNK: usize = 2048;
+const IDX_CHUNK: usize = 4096;
 /// Threads of the prep kernel; its thread blocks past the pooling slots each zero or append
 /// about `PREP_THREADS * 8` words.
 const PREP_THREADS: u32 = 128;
 /// Rows per score thread block (grid y), and the most score thread blocks per row group (grid
-/// x; each strides over the tiles): 1024 (all resident at once on an H200: 18.5 KiB of shared
+/// x; each strides over the tiles): 1024 (all resident at once on an H200: 26.5 KiB of shared
 /// memory each at the real shape) put 16 MiB of pooled keys in flight, enough to stream 64k
 /// keys at full bandwidth; those past the filled blocks return at once.
 const SCORE_ROWS: usize = 16;
@@ -401,7 +401,8 @@ fn select_launches(
         },
     )?;
     let keep = budget / block;
-    let score_shared = (IDX_TILE * (hd + 1) + IDX_CHAIN * heads * IDX_TILE) * 4;
+    // The tile of pooled keys, the partial sums and the chain's queries.
+    let score_shared = (IDX_TILE * (hd + 1) + IDX_CHAIN * heads * (IDX_TILE + hd)) * 4;
     shape(
         kernel,
         3 * hd * 4 <= SHARED_LIMIT && score_shared <= SHARED_LIMIT,
@@ -524,7 +525,8 @@ fn select_launches(
     // SAFETY: work holds indexer_work_len(rows, blocks) words (its counters zeroed by launch 1,
     // in stream order), q rows*heads*hd floats, pooled `blocks` rows of hd (16-byte aligned rows
     // when hd is a multiple of 4: the float4 path); the kernel scores blocks below `blocks`
-    // only; the dynamic shared memory is the tile and the partial sums (score_shared bytes).
+    // only; the dynamic shared memory is the tile, the partial sums and a chain's queries
+    // (score_shared bytes).
     launched(score, unsafe { b.launch(cfg) })?;
 
     // 3. Top-k per row into the selection.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 13: GatedAttention's first kernel (gated_attention_prepare_f32) running ahead of the
+# indexer's single-block top-k (branch prep-ahead: its head normalised and rotated into shared
+# memory before the wait, stored after), and phase marks in the QSA chain's kernels (branch
+# qsa-marks, on top of it: block (0,0) thread 0's %globaltimer at each phase, printed by the
+# traced bench with GRAPHRUN_MARKS=1). Binaries: gpu-bin/head (main), gpu-bin/ahead
+# (prep-ahead, with the GPU tests), gpu-bin/marks (qsa-marks).
+# RESULT (results/2026-12-01-session13-prep-ahead-*.log): correct (gpu_attention checks the
+# ahead form bit for bit against the unfused kernels, gpu_e2e passes). In the timeline the
+# prepare kernel 3.6 -> 1.0 us and the QSA chain ~2.3 us shorter a layer, but the plain bench's
+# segments were 1.200 / 1.200 / 1.200 ms (head) against 1.204 / 1.202 / 1.202 (ahead): not
+# landed (patches/2026-12-01-prep-ahead.patch). The marks (patches/2026-12-01-qsa-marks.patch,
+# on top of it) steered 2026-12-01-indexer.sh: score 1.92 us to its tile, 3.1 in its dot
+# products; top-k 0.83 to its first bin, 3.5 more through the cross-chunk path and the first
+# radix pass; split 1.3 to q, 4.1 in the K loads and scores, 7.8 to its end (block 0);
+# combine 2.05 (block 0).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+for t in gpu_attention gpu_e2e; do
+    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
+    grep -E "test result|panicked" "$OUT/$t.log"
+done
+source scripts/experiments/ab_bench.sh
+for pass in 1 2 3; do
+    bench head ./gpu-bin/head/graphrun
+    bench ahead ./gpu-bin/ahead/graphrun
+done
+for v in ahead marks; do
+    GRAPHRUN_MARKS=1 NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
+    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
+    grep -E "^    blk.7\.qsa" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
+    grep -E "^marks" "$OUT/trace-$v.log"
+done
