@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 13: GDN's causal conv as the grouped input projections' epilogue (fusion
+# `linear_group_conv`, after the groupings: `Op::LinearGroupConv`, kernel linear_parts1_conv_*),
+# one launch fewer a GDN layer at decode. Binaries: gpu-bin/head (main 73ad178), gpu-bin/conv
+# (branch conv-epilogue, with the GPU tests). Runs gpu_gdn (the new check: bit for bit against
+# linear_group + causal_conv, and the CPU), gpu_kernels, gpu_e2e, the plain bench head / conv
+# alternating three times, a trace of each, memcheck of the tiny model with conv.
+# RESULT (results/2026-12-01-session13-group-conv-*.log): correct (gpu_gdn's new check bit for
+# bit against linear_group + causal_conv, gpu_kernels, gpu_e2e, memcheck), and slower: segments
+# 1.194 / 1.195 / 1.199 ms (head) against 1.278 / 1.274 / 1.276; in the timeline the fused
+# launch 39.8 us against 24.5 + 2.65 (the projection and the conv). Not landed; the code is
+# scripts/experiments/patches/2026-12-01-group-conv.patch (applies to 73ad178).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+for t in gpu_gdn gpu_kernels gpu_e2e; do
+    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
+    grep -E "test result|panicked|checks passed" "$OUT/$t.log"
+done
+source scripts/experiments/ab_bench.sh
+for pass in 1 2 3; do
+    bench head ./gpu-bin/head/graphrun
+    bench conv ./gpu-bin/conv/graphrun
+done
+for v in head conv; do
+    [ -x ./gpu-bin/$v/graphrun ] || continue
+    NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
+    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
+    grep -E "^    blk.1\.gdn" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
+done
+timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck ./gpu-bin/conv/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
+echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 13, second run of the convolving group (2026-12-01-group-conv.sh found it correct and
+# 15 us slower a GDN layer: the epilogue's window and taps, held in registers through the
+# products, spilled under linear_parts1's bound of 6 blocks, and the spill's store waited for
+# the loads, a round trip before every block's products). Now 4 taps at most (GDN's; 7
+# registers): gpu-bin/conv5 (bound 5 blocks: 48 registers, an 8-byte spill left, after the
+# wait), gpu-bin/conv4 (bound 4: 61 registers, no spill; with the GPU tests), gpu-bin/head.
+# RESULT (results/2026-12-01-session13-group-conv2-*.log): still slower: segments 1.193 / 1.194
+# (head), 1.266 / 1.262 (conv4), 1.247 / 1.247 (conv5); the fused launch 37.6 (conv4) and 37.9 us
+# (conv5): the spill was not the cause.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
+for t in gpu_gdn gpu_e2e; do
+    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
+    grep -E "test result|panicked|checks passed" "$OUT/$t.log"
+done
+source scripts/experiments/ab_bench.sh
+for pass in 1 2; do
+    for v in head conv4 conv5; do bench $v ./gpu-bin/$v/graphrun; done
+done
+for v in conv4 conv5; do
+    NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
+    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
+    grep -E "^    blk.1\.gdn" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
+done
