@@ -13,21 +13,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-for t in gpu_gdn gpu_kernels gpu_e2e; do
-    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
-    grep -E "test result|panicked|checks passed" "$OUT/$t.log"
-done
 source scripts/experiments/ab_bench.sh
+gpu_test_runs gpu_gdn gpu_kernels gpu_e2e
 for pass in 1 2 3; do
     bench head ./gpu-bin/head/graphrun
     bench conv ./gpu-bin/conv/graphrun
 done
-for v in head conv; do
-    [ -x ./gpu-bin/$v/graphrun ] || continue
-    NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
-    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
-    grep -E "^    blk.1\.gdn" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
-done
+for v in head conv; do trace_of $v ./gpu-bin/$v/graphrun "^    blk.1\.gdn"; done
 timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck ./gpu-bin/conv/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
 echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"

@@ -13,17 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-for t in gpu_gdn; do
-    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
-    grep -E "test result|panicked|checks passed" "$OUT/$t.log"
-done
 source scripts/experiments/ab_bench.sh
+gpu_test_runs gpu_gdn
 for pass in 1 2; do
     for v in head conv4 conv5; do bench $v ./gpu-bin/$v/graphrun; done
 done
-for v in conv4 conv5; do
-    NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
-    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
-    grep -E "^    blk.1\.gdn" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
-done
+for v in conv4 conv5; do trace_of $v ./gpu-bin/$v/graphrun "^    blk.1\.gdn"; done

@@ -17,19 +17,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-for t in gpu_attention gpu_e2e; do
-    timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
-    grep -E "test result|panicked" "$OUT/$t.log"
-done
 source scripts/experiments/ab_bench.sh
+gpu_test_runs gpu_attention gpu_e2e
 for pass in 1 2 3; do
     bench head ./gpu-bin/head/graphrun
     bench ahead ./gpu-bin/ahead/graphrun
 done
-for v in ahead marks; do
-    GRAPHRUN_MARKS=1 NAME=trace-$v GRAPHRUN_BIN=./gpu-bin/$v/graphrun timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-    echo "trace $v rc $?"; rm -f "$OUT/trace-$v.json"
-    grep -E "decode timeline" "$OUT/trace-$v.log" | cut -c1-60,150-230
-    grep -E "^    blk.7\.qsa" "$OUT/trace-$v.log" | grep blocks | cut -c1-130
-    grep -E "^marks" "$OUT/trace-$v.log"
-done
+for v in ahead marks; do trace_of $v ./gpu-bin/$v/graphrun "^    blk.7\.qsa" GRAPHRUN_MARKS=1; done

@@ -12,3 +12,24 @@ bench() {
     echo "$name rc $? $(grep -h "dense parts in the replayed" "$OUT/bench-$name.log" | grep -o '0\.[0-9]* of copy' | tr '\n' ' ') | $(grep -hE '^ +8192 ' "$OUT/bench-$name.log" | head -1 | tr -s ' ')"
     rm -f "$OUT/bench-$name.json"
 }
+# gpu_test_runs TEST...: each GPU test binary of gpu-bin/ (200 s at most), its log in $OUT, its
+# summary lines.
+gpu_test_runs() {
+    local t
+    for t in "$@"; do
+        timeout 200 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
+        grep -E "test result|panicked|checks passed" "$OUT/$t.log"
+    done
+}
+# trace_of NAME BINARY NODES [VAR=VALUE ...]: the timeline at 8 layers, 8k with BINARY (and the
+# env assignments), kept as $OUT/trace-NAME.log; prints its step line, the launches of the nodes
+# matching the regex NODES and any phase marks (GRAPHRUN_MARKS=1 with a marks build).
+trace_of() {
+    local name=$1 bin=$2 nodes=$3
+    shift 3
+    env "$@" NAME=trace-$name GRAPHRUN_BIN=$bin timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
+    echo "trace $name rc $?"; rm -f "$OUT/trace-$name.json"
+    grep -E "decode timeline" "$OUT/trace-$name.log" | cut -c1-60,150-230
+    grep -E "$nodes" "$OUT/trace-$name.log" | grep blocks | cut -c1-130
+    grep -E "^marks" "$OUT/trace-$name.log"
+}
