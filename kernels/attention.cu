@@ -291,7 +291,6 @@ __device__ __forceinline__ IdxWork idx_work(unsigned int* base, long rows, long 
     return w;
 }
 
-
 __device__ __forceinline__ unsigned int idx_ord(float score) {
     const unsigned int bits = __float_as_uint(score);
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);

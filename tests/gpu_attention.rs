@@ -1351,8 +1351,8 @@ fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
 /// The indexer at the real shapes (4 heads of 128, rot 64, block 4, budget 2048: 512 blocks
 /// kept) across the dense/sparse boundary (position 2051; one-head queries there put the k-th
 /// score at 0 among ties), at 8k tokens (2048 blocks: one top-k chunk) and at 70k tokens (17.5k
-/// blocks: 9 chunks, the all-zero steps over the top-k's shared candidates): steps of 1, 3, 8
-/// and 64 rows on fresh random inputs.
+/// blocks: 5 chunks of 4096, the all-zero steps over the top-k's shared candidates): steps of 1,
+/// 3, 8 and 64 rows on fresh random inputs.
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
     let Some(gpu) = gpu_or_skip() else { return };
