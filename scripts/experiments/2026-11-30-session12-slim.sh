@@ -17,8 +17,5 @@ for pass in 1 2 3; do
     bench slim ./gpu-bin/graphrun GRAPHRUN_HC_SLIM=1
 done
 for w in 0 1; do
-    GRAPHRUN_HC_SLIM=$w NAME=trace-slim$w timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-    echo "trace slim=$w rc $?"; rm -f "$OUT/trace-slim$w.json"
-    grep -E "decode timeline" "$OUT/trace-slim$w.log" | cut -c1-60,150-230
-    grep -E "^    blk.(1|3)\.(attn|mlp)_hc|^    blk.1.gdn.qkv |^    blk.1.moe.router_logits|exit" "$OUT/trace-slim$w.log" | grep blocks | cut -c1-130
+    trace_of slim$w ./gpu-bin/graphrun "^    blk.(1|3)\.(attn|mlp)_hc|^    blk.1.gdn.qkv |^    blk.1.moe.router_logits|exit" GRAPHRUN_HC_SLIM=$w
 done

@@ -19,8 +19,5 @@ for pass in 1 2 3; do
     bench warm ./gpu-bin/graphrun GRAPHRUN_WARM_CODE=1
 done
 for w in 0 1; do
-    GRAPHRUN_WARM_CODE=$w NAME=trace-warm$w timeout 100 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-    echo "trace warm=$w rc $?"; rm -f "$OUT/trace-warm$w.json"
-    grep -E "decode timeline" "$OUT/trace-warm$w.log" | cut -c1-60,150-230
-    grep -E "^    blk.(1|3)\.(attn|mlp)_hc|^    blk.1.gdn.qkv |^    blk.1.moe.router_logits|exit" "$OUT/trace-warm$w.log" | grep blocks | cut -c1-130
+    trace_of warm$w ./gpu-bin/graphrun "^    blk.(1|3)\.(attn|mlp)_hc|^    blk.1.gdn.qkv |^    blk.1.moe.router_logits|exit" GRAPHRUN_WARM_CODE=$w
 done

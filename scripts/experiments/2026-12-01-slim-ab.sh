@@ -21,18 +21,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
-for t in gpu_gdn gpu_kernels; do
-    timeout 120 ./gpu-bin/$t --test-threads=1 >"$OUT/$t.log" 2>&1; echo "$t rc $?"
-    grep -E "test result|panicked" "$OUT/$t.log"
-done
 source scripts/experiments/ab_bench.sh
+gpu_test_runs gpu_gdn gpu_kernels
 for pass in 1 2 3; do
     bench head ./gpu-bin/head/graphrun
     bench slim ./gpu-bin/graphrun
 done
-NAME=trace-slim timeout 60 bash scripts/gpu_bench.sh --layers 8 --contexts 8192 --prefills 16 --trace >/dev/null 2>&1
-echo "trace rc $?"; rm -f "$OUT/trace-slim.json"
-grep -E "decode timeline" "$OUT/trace-slim.log" | cut -c1-60,150-230
-grep -E "^    blk.1\.(gdn.qkv_conv|mlp_res)" "$OUT/trace-slim.log" | grep blocks | cut -c1-130
-timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck ./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
-echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
+trace_of slim ./gpu-bin/graphrun "^    blk.1\.(gdn.qkv_conv|mlp_res)"
+memcheck_tiny ./gpu-bin/graphrun

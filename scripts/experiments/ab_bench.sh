@@ -33,3 +33,9 @@ trace_of() {
     grep -E "$nodes" "$OUT/trace-$name.log" | grep blocks | cut -c1-130
     grep -E "^marks" "$OUT/trace-$name.log"
 }
+# memcheck_tiny BINARY: compute-sanitizer's memcheck over BINARY generating 4 tokens of the tiny
+# model ($OUT/memcheck.log), its summary line.
+memcheck_tiny() {
+    timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck "$1" run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
+}

@@ -41,11 +41,21 @@ pub enum RouterKernel {
 impl RouterKernel {
     /// The narrow kernel where it holds the row, else the wide one.
     pub fn for_experts(experts: usize) -> RouterKernel {
-        if experts <= ROUTER_THREADS {
+        if experts <= RouterKernel::Narrow.max_experts() {
             RouterKernel::Narrow
         } else {
             RouterKernel::Wide
         }
+    }
+
+    /// The most experts a row may have: a block of `ROUTER_THREADS` holding the kernel's PER
+    /// experts a thread (1 narrow, `ROUTER_PER_LANE` wide).
+    pub fn max_experts(self) -> usize {
+        ROUTER_THREADS
+            * match self {
+                RouterKernel::Narrow => 1,
+                RouterKernel::Wide => ROUTER_PER_LANE,
+            }
     }
 
     pub fn name(self) -> &'static str {
@@ -95,14 +105,10 @@ pub fn moe_router_with(
             )
         },
     )?;
-    let per_thread = match form {
-        RouterKernel::Narrow => 1,
-        RouterKernel::Wide => ROUTER_PER_LANE,
-    };
-    shape(kernel, experts <= ROUTER_THREADS * per_thread, || {
+    shape(kernel, experts <= form.max_experts(), || {
         format!(
             "{experts} experts, more than the {} a block holds",
-            ROUTER_THREADS * per_thread
+            form.max_experts()
         )
     })?;
     shape(
@@ -134,7 +140,7 @@ pub fn moe_router_with(
     // SAFETY: logits holds rows*experts floats, ids and weights rows*top_k values each;
     // top_k <= ROUTER_MAX_TOPK and the block's warps <= 32 (the kernel's static lists); the
     // block is a multiple of 32 threads, at most ROUTER_THREADS (its launch bounds), holding
-    // every expert at per_thread a thread at most (the kernel's PER: 1 narrow, 4 wide).
+    // every expert at the kernel's PER a thread at most (form.max_experts, checked above).
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok((ids, weights))
 }
