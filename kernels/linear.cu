@@ -116,6 +116,63 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, co
     linear_rows<bf16_t, 1>(y, x, w, tokens, k, n);
 }
 
+// One token, a warp per row with all of a lane's chunks of its row in flight at once
+// (`OneToken::WarpPerRowWhole`: k / N ≤ 32·WHOLE_ROW_CHUNKS, 16-byte aligned, checked by the
+// launcher): one round trip a row instead of linear_rows1's rounds of LOADS_IN_FLIGHT. The sums
+// are linear_rows1's, chunk by chunk in the same order: the same bits.
+#define WHOLE_ROW_CHUNKS 10
+
+template <typename W>
+__device__ __forceinline__ void linear_rows1_whole(float* y, const float* x, const W* w, long k, long n) {
+    constexpr int N = WeightVec<W>::N;
+    const long warps = blockDim.x >> 5, chunks = k / N;
+    const int lane = threadIdx.x & 31;
+    for (long r = blockIdx.x * warps + (threadIdx.x >> 5); r < n; r += gridDim.x * warps) {
+        uint4 raw[WHOLE_ROW_CHUNKS];
+        short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + r * k, chunks, lane, 32, raw);
+        const float s = warp_sum(short_chunks_dot<W, WHOLE_ROW_CHUNKS>(x, raw, chunks, lane, 32));
+        if (lane == 0) y[r] = s;
+    }
+}
+
+// The same rows streamed by a persistent grid (`OneToken::Streamed`: two blocks a
+// multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
+// before the products of the row it holds, so that its bytes in flight never drain between
+// rows, and no block is scheduled after the first.
+template <typename W>
+__device__ __forceinline__ void linear_rows1_stream(float* y, const float* x, const W* w, long k, long n) {
+    constexpr int N = WeightVec<W>::N;
+    const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / N;
+    const int lane = threadIdx.x & 31;
+    long r = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    uint4 cur[WHOLE_ROW_CHUNKS], next[WHOLE_ROW_CHUNKS];
+    if (r < n) short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + r * k, chunks, lane, 32, cur);
+    for (; r < n; r += stride) {
+        if (r + stride < n) short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + (r + stride) * k, chunks, lane, 32, next);
+        const float s = warp_sum(short_chunks_dot<W, WHOLE_ROW_CHUNKS>(x, cur, chunks, lane, 32));
+        if (lane == 0) y[r] = s;
+#pragma unroll
+        for (int u = 0; u < WHOLE_ROW_CHUNKS; u++) cur[u] = next[u];
+    }
+}
+
+#define ROWS1_WHOLE_KERNELS(W, SUFFIX)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) linear_rows1_whole_##SUFFIX(float* y, const float* x,   \
+                                                                                  const W* w, long k, long n) { \
+        prefetch_first_rows(w, k, n, blockDim.x >> 5);                                                        \
+        wait_for_producers();                                                                                 \
+        linear_rows1_whole<W>(y, x, w, k, n);                                                                 \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 2) linear_rows1_stream_##SUFFIX(float* y, const float* x, \
+                                                                                      const W* w, long k, long n) { \
+        prefetch_first_rows(w, k, n, blockDim.x >> 5);                                                        \
+        wait_for_producers();                                                                                 \
+        linear_rows1_stream<W>(y, x, w, k, n);                                                                \
+    }
+
+ROWS1_WHOLE_KERNELS(float, f32)
+ROWS1_WHOLE_KERNELS(bf16_t, bf16)
+
 // linear_hc_write: out [T, C*n] = h + inj ⊗ (x·Wᵀ), the residual write of a block fused into its
 // output projection (`ops::linear::linear_hc_write`): a warp per output row r as `linear_rows`,
 // whose epilogue writes h[t, s, r] + inj[t, s] * y[t, r] for the C streams (product rounded

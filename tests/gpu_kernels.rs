@@ -179,7 +179,16 @@ fn kernels_match_the_cpu_reference() {
         report.check("linear_rows_bf16", &s, &got, &want_bf16);
         // One token: every variant, whichever the shape would take.
         if t == 1 {
-            for v in OneToken::ALL {
+            let warp_bits =
+                launch::linear::linear_one_token(&gpu, &dx, &dw, k, n, OneToken::WarpPerRow);
+            let warp_bits = gpu.download(&warp_bits.unwrap(), "y").unwrap();
+            for v in OneToken::ALL.into_iter().chain(OneToken::LINEAR_ONLY) {
+                if !v.fits(k, dw.chunk_len()) {
+                    // Rows longer than a lane holds: refused, not run.
+                    let refused = launch::linear::linear_one_token(&gpu, &dx, &dw, k, n, v);
+                    assert!(refused.is_err(), "{} took {s}", v.name());
+                    continue;
+                }
                 let got = gpu
                     .download(
                         &launch::linear::linear_one_token(&gpu, &dx, &dw, k, n, v).unwrap(),
@@ -192,8 +201,22 @@ fn kernels_match_the_cpu_reference() {
                     &got,
                     &want_bf16,
                 );
+                // The whole-row kernels sum as linear_rows1 does, chunk by chunk.
+                if OneToken::LINEAR_ONLY.contains(&v) {
+                    report.same(
+                        &format!("linear one token {}_bf16", v.name()),
+                        &s,
+                        &got,
+                        &warp_bits,
+                    );
+                }
                 if n * k <= 16 << 20 {
                     let dwf = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
+                    if !v.fits(k, dwf.chunk_len()) {
+                        let refused = launch::linear::linear_one_token(&gpu, &dx, &dwf, k, n, v);
+                        assert!(refused.is_err(), "{}_f32 took {s}", v.name());
+                        continue;
+                    }
                     let got = gpu
                         .download(
                             &launch::linear::linear_one_token(&gpu, &dx, &dwf, k, n, v).unwrap(),

@@ -39,6 +39,35 @@ const ROTATION_BYTES: usize = 512 << 20;
 const LAUNCHES: usize = 48;
 const STREAMS: usize = 4;
 
+/// Blocks a multiprocessor the read ceiling is timed with (of 256 threads: 8 fill an H200's SM).
+const READ_CEILING_BLOCKS: [usize; 2] = [4, 8];
+
+/// The read ceiling: kernels that only read the matrices of `sets` (`launch::read_bytes`), with
+/// the bytes a launch reads over the copy bandwidth (the copy both reads and writes, so a pure
+/// read may exceed 1): how near a one-token linear of these matrices could come to memory's
+/// limit.
+fn read_ceiling(gpu: &Gpu, sets: &[Vec<DeviceMatrix>], bandwidth: f64) -> Result<Vec<SweepRow>> {
+    let m = &sets[0][0];
+    let bytes = m.len() * if m.chunk_len() == 8 { 2 } else { 4 };
+    let out = std::cell::RefCell::new(gpu.zeros::<u32>(1, "the read ceiling's word")?);
+    let mut rows = Vec::new();
+    for blocks in READ_CEILING_BLOCKS {
+        let us = time_back_to_back(gpu, LAUNCHES.max(sets.len()), &|i| {
+            launch::read_bytes(gpu, &mut out.borrow_mut(), &sets[i % sets.len()][0], blocks)
+        })?;
+        rows.push(SweepRow {
+            kernel: "read ceiling".to_string(),
+            k: 0,
+            n: bytes,
+            variant: format!("{blocks} blocks/SM"),
+            us_per_launch: us,
+            fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
+            chosen: false,
+        });
+    }
+    Ok(rows)
+}
+
 /// The (fused with the residual write?, k, n) of each one-token linear node of `program`.
 fn shapes(program: &Program) -> BTreeSet<(bool, usize, usize)> {
     let width = |name: &str| program.value(name).map_or(0, |v| v.width);
@@ -158,7 +187,7 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         let separate = time_back_to_back(gpu, launches, &|i| {
             gpu.next_node_scratch();
             for (m, &n) in sets[i % copies].iter().zip(&ns) {
-                linear_one_token(gpu, &x, m, k, n, OneToken::for_shape(n, k))?;
+                linear_one_token(gpu, &x, m, k, n, OneToken::for_shape(n, k, m.chunk_len()))?;
             }
             Ok(())
         })?;
@@ -261,7 +290,15 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
 pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
     gpu.set_programmatic_launch(true);
-    for (fused, k, n) in shapes(program) {
+    let all = shapes(program);
+    // The read ceiling is timed over the largest plain linear's matrices.
+    let largest = all
+        .iter()
+        .filter(|(fused, ..)| !fused)
+        .max_by_key(|(_, k, n)| k * n)
+        .copied()
+        .unwrap_or_default();
+    for (fused, k, n) in all {
         if k == 0 || n == 0 {
             continue;
         }
@@ -272,8 +309,11 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         let h = gpu.zeros::<f32>(STREAMS * n, "a sweep residual")?;
         let inj = gpu.zeros::<f32>(STREAMS, "a sweep gain")?;
         let _pool = output_pool(gpu, STREAMS * n * 4 + 256)?;
-        let chosen = OneToken::for_shape(n, k);
-        for v in OneToken::ALL {
+        let chosen = OneToken::for_shape(n, k, sets[0][0].chunk_len());
+        let linear_only = OneToken::LINEAR_ONLY
+            .into_iter()
+            .filter(|v| !fused && v.fits(k, sets[0][0].chunk_len()));
+        for v in OneToken::ALL.into_iter().chain(linear_only) {
             let us = time_back_to_back(gpu, LAUNCHES.max(copies), &|i| {
                 gpu.next_node_scratch();
                 let m = &sets[i % copies][0];
@@ -294,6 +334,9 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
             });
         }
         gpu.set_scratch_pool(None);
+        if (fused, k, n) == largest {
+            rows.extend(read_ceiling(gpu, &sets, bandwidth)?);
+        }
     }
     rows.extend(groups(gpu, program, bandwidth)?);
     rows.extend(hc_reads(gpu, program, bandwidth)?);

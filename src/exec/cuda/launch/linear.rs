@@ -104,7 +104,21 @@ pub enum OneToken {
     /// in flight (`linear_group1_g{rows}u{loads}`, `linear_hc_write_group1_g{rows}u{loads}`):
     /// many short blocks, so the last wave is not a partial one.
     Group { rows: usize, loads: usize },
+    /// A warp per output row with all of a lane's chunks of the row in flight at once
+    /// (`linear_rows1_whole`): rows of up to [`WHOLE_ROW_CHUNKS`] chunks a lane. Plain linears
+    /// only ([`OneToken::LINEAR_ONLY`]).
+    WarpPerRowWhole,
+    /// As `WarpPerRowWhole`, by a persistent grid of two blocks a multiprocessor whose warps
+    /// load their next row before the products of the one they hold (`linear_rows1_stream`).
+    Streamed,
 }
+
+/// The most 16-byte chunks of a row a lane holds in `linear_rows1_whole` and
+/// `linear_rows1_stream` (WHOLE_ROW_CHUNKS in kernels/linear.cu).
+pub const WHOLE_ROW_CHUNKS: usize = 10;
+
+/// Resident blocks a multiprocessor `linear_rows1_stream` is built for (its launch bounds).
+const STREAM_BLOCKS_PER_SM: usize = 2;
 
 /// The (rows, loads) pairs compiled in kernels/linear.cu (`GROUP_KERNELS`).
 const GROUPS: [(usize, usize); 3] = [(1, 4), (2, 2), (4, 1)];
@@ -117,9 +131,27 @@ impl OneToken {
     /// Every variant, for the benchmark's sweep and the GPU tests.
     pub const ALL: [OneToken; 4] = [OneToken::WarpPerRow, group(1, 4), group(2, 2), group(4, 1)];
 
+    /// The variants only plain linears have (no `linear_hc_write` form).
+    pub const LINEAR_ONLY: [OneToken; 2] = [OneToken::WarpPerRowWhole, OneToken::Streamed];
+
+    /// Whether the variant takes rows of `k` weights of `w`'s type (the whole-row kernels hold a
+    /// lane's chunks in registers).
+    pub fn fits(self, k: usize, chunk_len: usize) -> bool {
+        match self {
+            OneToken::WarpPerRowWhole | OneToken::Streamed => {
+                chunk_len > 0
+                    && k.is_multiple_of(chunk_len)
+                    && k / chunk_len <= 32 * WHOLE_ROW_CHUNKS
+            }
+            _ => true,
+        }
+    }
+
     pub fn name(self) -> String {
         match self {
             OneToken::WarpPerRow => "warp_per_row".into(),
+            OneToken::WarpPerRowWhole => "warp_per_row_whole".into(),
+            OneToken::Streamed => "streamed".into(),
             OneToken::Group { rows, loads } => format!("group{rows}x{loads}"),
         }
     }
@@ -139,10 +171,13 @@ impl OneToken {
     /// - up to 65536 rows (GDN's qkv 2560->10240, QSA's q+gate 2560->12288): 2 rows a block
     ///   (18.9, 22.2 µs; a warp per row 20.6, 23.6, whose 1280 and 1536 blocks leave a partial
     ///   second wave);
-    /// - more (the lm head, 2560->248320): a warp per row (319 µs, 0.93 of the copy bandwidth;
-    ///   4 rows a block 358), where the last partial wave is a small part of ~40.
-    pub fn for_shape(n: usize, k: usize) -> OneToken {
+    /// - more (the lm head, 2560->248320): the streamed grid where a lane holds its share of a
+    ///   row (297.5 µs, 1.00 of the copy bandwidth, against a pure read of its bytes 281; a warp
+    ///   per row 319, the warp per row with its whole row in flight 315, 4 rows a block 316:
+    ///   results/2026-12-01-session14-lm-head-sweep.log), else a warp per row.
+    pub fn for_shape(n: usize, k: usize, chunk_len: usize) -> OneToken {
         match (n, k) {
+            (n, k) if n > 65_536 && OneToken::Streamed.fits(k, chunk_len) => OneToken::Streamed,
             (_, k) if k < 1024 => OneToken::WarpPerRow,
             (_, k) if k >= 4096 => group(4, 1),
             (n, _) if n <= 512 => group(1, 4),
@@ -158,13 +193,24 @@ impl OneToken {
         match self {
             OneToken::WarpPerRow => w.kernel(warp),
             OneToken::Group { rows, loads } => w.kernel(&format!("{group}_g{rows}u{loads}")),
+            OneToken::WarpPerRowWhole => w.kernel(&format!("{warp}_whole")),
+            OneToken::Streamed => w.kernel(&format!("{warp}_stream")),
         }
     }
 
-    /// A block of 256 threads: a warp per row, or G rows per block.
-    fn grid(self, n: usize) -> LaunchConfig {
+    /// A block of 256 threads: a warp per row, or G rows per block; the streamed grid as many
+    /// blocks as are resident at once (fewer for short matrices).
+    fn grid(self, n: usize, multiprocessors: usize) -> LaunchConfig {
         match self {
-            OneToken::WarpPerRow => warp_grid(n),
+            OneToken::WarpPerRow | OneToken::WarpPerRowWhole => warp_grid(n),
+            OneToken::Streamed => {
+                let mut cfg = warp_grid(n);
+                cfg.grid_dim.0 = cfg
+                    .grid_dim
+                    .0
+                    .min((multiprocessors * STREAM_BLOCKS_PER_SM) as u32);
+                cfg
+            }
             OneToken::Group { rows, .. } => LaunchConfig {
                 grid_dim: (n.div_ceil(rows).clamp(1, 65_535 * 8) as u32, 1, 1),
                 block_dim: (256, 1, 1),
@@ -177,7 +223,7 @@ impl OneToken {
         shape(
             kernel,
             match self {
-                OneToken::WarpPerRow => true,
+                OneToken::WarpPerRow | OneToken::WarpPerRowWhole | OneToken::Streamed => true,
                 OneToken::Group { rows, loads } => GROUPS.contains(&(rows, loads)),
             },
             || format!("no one-token variant {self:?}"),
@@ -196,7 +242,7 @@ pub fn linear_rows(
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
     if tokens == 1 {
-        return linear_one_token(gpu, x, w, k, n, OneToken::for_shape(n, k));
+        return linear_one_token(gpu, x, w, k, n, OneToken::for_shape(n, k, w.chunk_len()));
     }
     let kernel_name = w.kernel("linear_rows");
     let kernel = kernel_name.as_str();
@@ -210,8 +256,18 @@ pub fn linear_rows(
     b.arg(&t32).arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
     // cudarc's allocations are 256-byte aligned.
-    launched(kernel, unsafe { b.launch(OneToken::WarpPerRow.grid(n)) })?;
+    launched(kernel, unsafe {
+        b.launch(OneToken::WarpPerRow.grid(n, gpu.multiprocessors))
+    })?;
     Ok(y)
+}
+
+/// Whether `x` and `w` start on 16-byte boundaries (the whole-row kernels load both in chunks
+/// with no scalar path).
+fn aligned16(gpu: &Gpu, x: &CudaSlice<f32>, w: &DeviceMatrix) -> bool {
+    use cudarc::driver::DevicePtr as _;
+    x.device_ptr(&gpu.stream).0.is_multiple_of(16)
+        && w.device_address(&gpu.stream).is_multiple_of(16)
 }
 
 /// `y = x · Wᵀ` for one token, `x [k]`, `W [n, k]`, with the given variant.
@@ -226,13 +282,22 @@ pub fn linear_one_token(
     let kernel_name = variant.kernel("linear_rows1", "linear_group1", w);
     let kernel = kernel_name.as_str();
     variant.check(kernel)?;
-    shape(kernel, x.len() == k && w.len() == n * k && n > 0, || {
-        format!(
-            "x {} values for one token of {k}, weight {} values for {n}x{k}",
-            x.len(),
-            w.len()
-        )
-    })?;
+    shape(
+        kernel,
+        x.len() == k
+            && w.len() == n * k
+            && n > 0
+            && (variant.fits(k, w.chunk_len()) && aligned16(gpu, x, w)
+                || !OneToken::LINEAR_ONLY.contains(&variant)),
+        || {
+            format!(
+                "x {} values for one token of {k}, weight {} values for {n}x{k} (the whole-row kernels: rows of at most {} 16-byte chunks a lane, 16-byte aligned)",
+                x.len(),
+                w.len(),
+                WHOLE_ROW_CHUNKS
+            )
+        },
+    )?;
     let f = gpu.function("linear.cu", kernel)?;
     let mut y = gpu.output::<f32>(n, kernel)?;
     let (t32, k64, n64) = (1i32, k as i64, n as i64);
@@ -243,8 +308,11 @@ pub fn linear_one_token(
         b.arg(&t32);
     }
     b.arg(&k64).arg(&n64);
-    // SAFETY: the shapes were checked above; 16-byte loads only where k and the addresses allow.
-    launched(kernel, unsafe { b.launch(variant.grid(n)) })?;
+    // SAFETY: the shapes were checked above; 16-byte loads only where k and the addresses allow
+    // (the whole-row kernels: k a multiple of the chunk, cudarc's allocations 256-byte aligned).
+    launched(kernel, unsafe {
+        b.launch(variant.grid(n, gpu.multiprocessors))
+    })?;
     Ok(y)
 }
 
@@ -263,7 +331,11 @@ pub fn linear_hc_write(
 ) -> Result<Buf<f32>, CudaError> {
     let k = x.len().checked_div(tokens).unwrap_or(0);
     let n = w.len().checked_div(k).unwrap_or(0);
-    let variant = (tokens == 1).then(|| OneToken::for_shape(n, k));
+    // The whole-row kernels have no residual-write form: a warp per row in their place.
+    let variant = (tokens == 1).then(|| match OneToken::for_shape(n, k, w.chunk_len()) {
+        v if OneToken::LINEAR_ONLY.contains(&v) => OneToken::WarpPerRow,
+        v => v,
+    });
     linear_hc_write_with(gpu, h, inj, x, w, tokens, streams, variant)
 }
 
@@ -286,6 +358,9 @@ pub fn linear_hc_write_with(
     let kernel = kernel_name.as_str();
     if let Some(v) = one_token {
         v.check(kernel)?;
+        shape(kernel, !OneToken::LINEAR_ONLY.contains(&v), || {
+            format!("no residual-write form of the one-token variant {v:?}")
+        })?;
     }
     let k = x.len().checked_div(tokens).unwrap_or(0);
     let n = w.len().checked_div(k).unwrap_or(0);
@@ -324,7 +399,11 @@ pub fn linear_hc_write_with(
     // SAFETY: every size was checked above; the kernel writes each of the tokens*streams*n
     // outputs once and uses 16-byte loads only when k and the addresses allow.
     launched(kernel, unsafe {
-        b.launch(one_token.unwrap_or(OneToken::WarpPerRow).grid(n))
+        b.launch(
+            one_token
+                .unwrap_or(OneToken::WarpPerRow)
+                .grid(n, gpu.multiprocessors),
+        )
     })?;
     Ok(y)
 }
@@ -652,4 +731,26 @@ pub fn moe_shared_write(
     // of token t; 16-byte loads only where I and the addresses allow.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lm_head_streams_where_a_lane_holds_its_share_of_a_row() {
+        // bf16 (8 a chunk): rows of 2560 are 10 chunks a lane, the most the kernels hold.
+        assert_eq!(OneToken::for_shape(248_320, 2560, 8), OneToken::Streamed);
+        // f32 rows of 2560 (20 chunks a lane) and bf16 rows of 2568 do not fit: a warp per row.
+        assert_eq!(OneToken::for_shape(248_320, 2560, 4), OneToken::WarpPerRow);
+        assert!(!OneToken::Streamed.fits(2568, 8));
+        assert!(!OneToken::WarpPerRowWhole.fits(2564, 4));
+        assert!(OneToken::WarpPerRowWhole.fits(1280, 4));
+        // Smaller matrices keep their variants.
+        assert_eq!(OneToken::for_shape(10_240, 2560, 8), group(2, 2));
+        assert_eq!(OneToken::for_shape(65_536, 2560, 8), group(2, 2));
+        for v in OneToken::ALL {
+            assert!(v.fits(37, 8), "{v:?} takes any row");
+        }
+    }
 }

@@ -238,6 +238,40 @@ pub fn trace_end(gpu: &Gpu) -> Result<(), CudaError> {
     launched(kernel, unsafe { b.launch(cfg) })
 }
 
+/// Reads every 16-byte word of `m` and nothing else (`read_bytes` in kernels/timing.cu: the
+/// benchmark's read ceiling), a grid of `blocks_per_sm` blocks of 256 threads a multiprocessor.
+/// `out`: one word the kernel may write.
+pub fn read_bytes(
+    gpu: &Gpu,
+    out: &mut CudaSlice<u32>,
+    m: &DeviceMatrix,
+    blocks_per_sm: usize,
+) -> Result<(), CudaError> {
+    let kernel = "read_bytes";
+    let bytes = m.len() * if m.chunk_len() == 8 { 2 } else { 4 };
+    shape(
+        kernel,
+        m.device_address(&gpu.stream).is_multiple_of(16)
+            && bytes.is_multiple_of(16)
+            && !out.is_empty(),
+        || format!("{bytes} bytes, not whole aligned 16-byte words, or no output word"),
+    )?;
+    let f = gpu.function("timing.cu", kernel)?;
+    let chunks = (bytes / 16) as i64;
+    let mut b = gpu.launch_builder(&f);
+    b.arg(out);
+    linear::arg_matrix(&mut b, m);
+    b.arg(&chunks);
+    let cfg = LaunchConfig {
+        grid_dim: ((gpu.multiprocessors * blocks_per_sm.max(1)) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel reads the `chunks` whole 16-byte words of the matrix (checked above)
+    // and writes at most the one word of `out`.
+    launched(kernel, unsafe { b.launch(cfg) })
+}
+
 pub fn hold_gpu(gpu: &Gpu, ns: i64) -> Result<(), CudaError> {
     let kernel = "hold_gpu";
     let f = gpu.function("timing.cu", kernel)?;
