@@ -138,21 +138,32 @@ __device__ __forceinline__ void linear_rows1_whole(float* y, const float* x, con
 // The same rows streamed by a persistent grid (`OneToken::Streamed`: two blocks a
 // multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
 // before the products of the row it holds, so that its bytes in flight never drain between
-// rows, and no block is scheduled after the first.
+// rows, and no block is scheduled after the first. Rows v = first, first + stride, ... of
+// `total`; row_of(v) gives row v's weights and output (one matrix here, a group's parts laid end
+// to end in linear_parts1_stream). (Lane 0 also asking the row after next into L2, a bulk
+// prefetch, measured slower: 293 -> 323 us for the lm head,
+// results/2026-12-01-session14-streamed-groups.log.)
 template <typename W>
-__device__ __forceinline__ void linear_rows1_stream(float* y, const float* x, const W* w, long k, long n) {
-    constexpr int N = WeightVec<W>::N;
-    const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / N;
+struct StreamRow {
+    const W* w;  // the row's first weight
+    float* y;    // its output
+};
+
+template <typename W, typename RowOf>
+__device__ __forceinline__ void stream_rows(const float* x, long k, long total, long first, RowOf row_of) {
+    const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / WeightVec<W>::N;
     const int lane = threadIdx.x & 31;
-    long r = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     uint4 cur[WHOLE_ROW_CHUNKS], next[WHOLE_ROW_CHUNKS];
-    if (r < n) short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + r * k, chunks, lane, 32, cur);
-    for (; r < n; r += stride) {
-        if (r + stride < n) short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + (r + stride) * k, chunks, lane, 32, next);
+    StreamRow<W> row = row_of(first);
+    if (first < total) short_chunks_load<W, WHOLE_ROW_CHUNKS>(row.w, chunks, lane, 32, cur);
+    for (long v = first; v < total; v += stride) {
+        const StreamRow<W> after = row_of(v + stride);
+        if (v + stride < total) short_chunks_load<W, WHOLE_ROW_CHUNKS>(after.w, chunks, lane, 32, next);
         const float s = warp_sum(short_chunks_dot<W, WHOLE_ROW_CHUNKS>(x, cur, chunks, lane, 32));
-        if (lane == 0) y[r] = s;
+        if (lane == 0) *row.y = s;
 #pragma unroll
         for (int u = 0; u < WHOLE_ROW_CHUNKS; u++) cur[u] = next[u];
+        row = after;
     }
 }
 
@@ -167,7 +178,8 @@ __device__ __forceinline__ void linear_rows1_stream(float* y, const float* x, co
                                                                                       const W* w, long k, long n) { \
         prefetch_first_rows(w, k, n, blockDim.x >> 5);                                                        \
         wait_for_producers();                                                                                 \
-        linear_rows1_stream<W>(y, x, w, k, n);                                                                \
+        const long first = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);                         \
+        stream_rows<W>(x, k, n, first, [&](long r) { return StreamRow<W>{w + r * k, y + r}; });              \
     }
 
 ROWS1_WHOLE_KERNELS(float, f32)
@@ -543,6 +555,43 @@ __device__ __forceinline__ void prefetch_part_rows(const Part<W>& p, long k) {
 
 PARTS_KERNEL(float, f32)
 PARTS_KERNEL(bf16_t, bf16)
+
+// linear_parts1 by a persistent grid (`launch::linear::GroupKernel::Streamed`): the parts' rows
+// laid end to end and streamed as linear_rows1_stream streams one matrix's (stream_rows; rows of
+// at most WHOLE_ROW_CHUNKS chunks a lane). Row v's weights and output by selects.
+template <typename W>
+__device__ __forceinline__ StreamRow<W> part_row(long v, const W* w0, const W* w1, const W* w2, const W* w3,
+                                                 float* y0, float* y1, float* y2, float* y3, long n0, long n1,
+                                                 long n2, int parts, long k) {
+    const W* w = w0;
+    float* y = y0;
+    long r = v;
+    if (parts > 1 && r >= n0) {
+        w = w1, y = y1, r -= n0;
+        if (parts > 2 && r >= n1) {
+            w = w2, y = y2, r -= n1;
+            if (parts > 3 && r >= n2) w = w3, y = y3, r -= n2;
+        }
+    }
+    return StreamRow<W>{w + r * k, y + r};
+}
+
+#define PARTS_STREAM_KERNEL(W, SUFFIX)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 2) linear_parts1_stream_##SUFFIX(                       \
+        float* y0, float* y1, float* y2, float* y3, const float* x, const W* w0, const W* w1, const W* w2,   \
+        const W* w3, long n0, long n1, long n2, long n3, int parts, long k) {                                 \
+        const long total = n0 + (parts > 1 ? n1 : 0) + (parts > 2 ? n2 : 0) + (parts > 3 ? n3 : 0);          \
+        const long first = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);                         \
+        const StreamRow<W> row0 = part_row<W>(first, w0, w1, w2, w3, y0, y1, y2, y3, n0, n1, n2, parts, k);  \
+        if ((threadIdx.x & 31) == 0 && first < total) prefetch_weights(row0.w, k * (long)sizeof(W));         \
+        wait_for_producers();                                                                                 \
+        stream_rows<W>(x, k, total, first, [&](long v) {                                                      \
+            return part_row<W>(v, w0, w1, w2, w3, y0, y1, y2, y3, n0, n1, n2, parts, k);                      \
+        });                                                                                                   \
+    }
+
+PARTS_STREAM_KERNEL(float, f32)
+PARTS_STREAM_KERNEL(bf16_t, bf16)
 
 // Many tokens: y [T, n] = x [T, k] · W [n, k]ᵀ in shared-memory tiles of 64 tokens x 64 outputs
 // (32 of k at a time), so each weight tile is read once per 64 tokens instead of once per 8.

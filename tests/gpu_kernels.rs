@@ -12,7 +12,7 @@ mod common;
 
 use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use graphrun::exec::cuda::launch::linear::{MmaTile, OneToken};
+use graphrun::exec::cuda::launch::linear::{GroupKernel, MmaTile, OneToken};
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
 use graphrun::exec::cuda::ReadyInputs;
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
@@ -316,6 +316,7 @@ fn kernels_match_the_cpu_reference() {
         (1, 37, vec![5, 7, 1]),
         (1, 2560, vec![10240, 6144, 48, 48]),
         (1, 2560, vec![12288, 512, 512, 640]),
+        (1, 1280, vec![300, 7, 1]),
         (3, 64, vec![33, 9]),
     ] {
         let x = random(&mut rng, t * k);
@@ -343,12 +344,56 @@ fn kernels_match_the_cpu_reference() {
                 let got = gpu.download(out, "y").unwrap();
                 report.check(
                     &format!(
-                        "linear_parts1_{} part {p}",
+                        "linear_group_{} part {p}",
                         if bf16 { "bf16" } else { "f32" }
                     ),
                     &s,
                     &got,
                     &linear::rows(&x, w, t, k, ns[p]),
+                );
+            }
+            if t != 1 {
+                continue;
+            }
+            let dtype = if bf16 { "bf16" } else { "f32" };
+            // By blocks, whichever kernel the group would take.
+            let blocks =
+                launch::linear::linear_group_with(&gpu, &dx, &refs, t, GroupKernel::Blocks);
+            for (p, out) in blocks.unwrap().iter().enumerate() {
+                let got = gpu.download(out, "y").unwrap();
+                let want = linear::rows(&x, &host[p], t, k, ns[p]);
+                report.check(
+                    &format!("linear_parts1_{dtype} by blocks, part {p}"),
+                    &s,
+                    &got,
+                    &want,
+                );
+            }
+            // Streamed (the parts' rows end to end, a warp per row): linear_rows1's sums, where
+            // a lane holds its share of a row; refused elsewhere.
+            let streamed =
+                launch::linear::linear_group_with(&gpu, &dx, &refs, t, GroupKernel::Streamed);
+            if !OneToken::Streamed.fits(k, mats[0].chunk_len()) {
+                assert!(streamed.is_err(), "streamed group took {s} {dtype}");
+                continue;
+            }
+            for (p, out) in streamed.unwrap().iter().enumerate() {
+                let got = gpu.download(out, "y").unwrap();
+                let name = format!("linear_parts1_stream_{dtype} part {p}");
+                report.check(&name, &s, &got, &linear::rows(&x, &host[p], t, k, ns[p]));
+                let rows1 = launch::linear::linear_one_token(
+                    &gpu,
+                    &dx,
+                    &mats[p],
+                    k,
+                    ns[p],
+                    OneToken::WarpPerRow,
+                );
+                report.same(
+                    &name,
+                    &s,
+                    &got,
+                    &gpu.download(&rows1.unwrap(), "y").unwrap(),
                 );
             }
         }

@@ -15,7 +15,7 @@ use super::fraction;
 use crate::error::Result;
 use crate::exec::cuda::launch::layout::{hc_read, HcReadAct};
 use crate::exec::cuda::launch::linear::{
-    linear_group, linear_hc_write_with, linear_one_token, OneToken,
+    linear_group, linear_group_with, linear_hc_write_with, linear_one_token, GroupKernel, OneToken,
 };
 use crate::exec::cuda::launch::{self, DeviceMatrix};
 use crate::exec::cuda::{CudaError, Gpu};
@@ -184,6 +184,18 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
             let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
             linear_group(gpu, &x, &refs, 1).map(drop)
         })?;
+        let streamable = sets[0]
+            .iter()
+            .all(|m| OneToken::Streamed.fits(k, m.chunk_len()));
+        let streamed = if streamable {
+            Some(time_back_to_back(gpu, launches, &|i| {
+                gpu.next_node_scratch();
+                let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
+                linear_group_with(gpu, &x, &refs, 1, GroupKernel::Streamed).map(drop)
+            })?)
+        } else {
+            None
+        };
         let separate = time_back_to_back(gpu, launches, &|i| {
             gpu.next_node_scratch();
             for (m, &n) in sets[i % copies].iter().zip(&ns) {
@@ -197,7 +209,12 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
             .map(|n| n.to_string())
             .collect::<Vec<_>>()
             .join("+");
-        for (variant, us, chosen) in [("one launch", one, true), ("separate", separate, false)] {
+        let rows_of = [
+            Some(("one launch", one, true)),
+            streamed.map(|us| ("one launch, streamed", us, false)),
+            Some(("separate", separate, false)),
+        ];
+        for (variant, us, chosen) in rows_of.into_iter().flatten() {
             rows.push(SweepRow {
                 kernel: format!("linear_group {shape}"),
                 k,

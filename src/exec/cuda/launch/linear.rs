@@ -591,6 +591,47 @@ pub fn linear_group(
     ws: &[&DeviceMatrix],
     tokens: usize,
 ) -> Result<Vec<Buf<f32>>, CudaError> {
+    linear_group_with(gpu, x, ws, tokens, GroupKernel::for_group(gpu, x, ws))
+}
+
+/// How a one-token group spreads its rows (`linear_group_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupKernel {
+    /// A block per 2 rows of a part (`linear_parts1`).
+    Blocks,
+    /// The parts' rows end to end, streamed by a persistent grid as [`OneToken::Streamed`]
+    /// streams one matrix (`linear_parts1_stream`): rows of at most [`WHOLE_ROW_CHUNKS`]
+    /// chunks a lane.
+    Streamed,
+}
+
+impl GroupKernel {
+    /// Streamed wherever a lane holds its share of a row (rows of up to 2560 bf16 weights, 16-byte
+    /// aligned), else by blocks. From the sweep on the H200 (`graphrun bench --sweep-linear`,
+    /// results/2026-12-01-session14-streamed-groups.log; µs per launch, back to back): GDN's
+    /// 2560 -> 10240+6144+48+48 22.8 against 24.0, QSA's 2560 -> 12288+512+512+640 19.7 against
+    /// 20.7, 2560 -> 10240+2560 18.8 against 19.0; segments 1.165 / 1.166 against 1.168 / 1.175 ms
+    /// at 8 layers, 8k, in the same call.
+    pub fn for_group(gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> GroupKernel {
+        let k = x.len();
+        let fits =
+            |w: &&DeviceMatrix| OneToken::Streamed.fits(k, w.chunk_len()) && aligned16(gpu, x, w);
+        if !ws.is_empty() && ws.iter().all(fits) {
+            GroupKernel::Streamed
+        } else {
+            GroupKernel::Blocks
+        }
+    }
+}
+
+/// As [`linear_group`], one token with the given kernel.
+pub fn linear_group_with(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    ws: &[&DeviceMatrix],
+    tokens: usize,
+    how: GroupKernel,
+) -> Result<Vec<Buf<f32>>, CudaError> {
     let k = x.len().checked_div(tokens).unwrap_or(0);
     let ns: Vec<usize> = ws
         .iter()
@@ -604,19 +645,27 @@ pub fn linear_group(
             .collect();
     }
     let first = ws.first().copied();
-    let kernel_name = first.map_or("linear_parts1".into(), |w| w.kernel("linear_parts1"));
+    let base = match how {
+        GroupKernel::Blocks => "linear_parts1",
+        GroupKernel::Streamed => "linear_parts1_stream",
+    };
+    let kernel_name = first.map_or(base.into(), |w| w.kernel(base));
     let kernel = kernel_name.as_str();
     let same_dtype = ws.iter().all(|w| first.is_some_and(|f| f.same_dtype(w)));
+    let streamable = ws
+        .iter()
+        .all(|w| OneToken::Streamed.fits(k, w.chunk_len()) && aligned16(gpu, x, w));
     shape(
         kernel,
         (1..=MAX_PARTS).contains(&ws.len())
+            && (how == GroupKernel::Blocks || streamable)
             && same_dtype
             && k > 0
             && x.len() == k
             && ws.iter().zip(&ns).all(|(w, &n)| n > 0 && w.len() == n * k),
         || {
             format!(
-                "x {} values, {} weights of {:?} values (want 1 to {MAX_PARTS} matrices [n, {k}] of one type)",
+                "x {} values, {} weights of {:?} values (want 1 to {MAX_PARTS} matrices [n, {k}] of one type; streamed: rows of at most {WHOLE_ROW_CHUNKS} 16-byte chunks a lane, 16-byte aligned)",
                 x.len(),
                 ws.len(),
                 ws.iter().map(|w| w.len()).collect::<Vec<_>>()
@@ -650,13 +699,17 @@ pub fn linear_group(
     }
     let (parts32, k64) = (ws.len() as i32, k as i64);
     b.arg(&parts32).arg(&k64);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
+    let cfg = match how {
+        GroupKernel::Blocks => LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        GroupKernel::Streamed => OneToken::Streamed.grid(ns.iter().sum(), gpu.multiprocessors),
     };
     // SAFETY: every part's shape was checked above; the kernel gives part p ceil(n_p / 2)
-    // blocks and writes its n_p outputs; parts past `parts` have no rows.
+    // blocks (or streams the parts' rows end to end, each once) and writes its n_p outputs;
+    // parts past `parts` have no rows.
     launched(kernel, unsafe { b.launch(cfg) })?;
     Ok(ys)
 }
