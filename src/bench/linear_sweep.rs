@@ -15,7 +15,7 @@ use super::fraction;
 use crate::error::Result;
 use crate::exec::cuda::launch::layout::{hc_read, HcReadAct};
 use crate::exec::cuda::launch::linear::{
-    linear_group, linear_group_with, linear_hc_write_with, linear_one_token, GroupKernel, OneToken,
+    linear_group_with, linear_hc_write_with, linear_one_token, GroupKernel, OneToken,
 };
 use crate::exec::cuda::launch::{self, DeviceMatrix};
 use crate::exec::cuda::{CudaError, Gpu};
@@ -164,8 +164,9 @@ fn output_pool(gpu: &Gpu, bytes: usize) -> Result<cudarc::driver::CudaSlice<u8>>
     Ok(out)
 }
 
-/// Each sibling group of the program in one launch (`linear_group`) and as separate launches
-/// (each part with its own variant), over rotating copies of the matrices.
+/// Each sibling group of the program in one launch, by blocks and streamed (`linear_group_with`;
+/// the launcher's choice starred), and as separate launches (each part with its own variant), over
+/// rotating copies of the matrices.
 fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
     for (k, ns) in group_shapes(program) {
@@ -179,20 +180,21 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         let total: usize = ns.iter().sum();
         let _pool = output_pool(gpu, total * 4 + 256 * ns.len())?;
         let launches = LAUNCHES.max(copies);
-        let one = time_back_to_back(gpu, launches, &|i| {
-            gpu.next_node_scratch();
-            let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
-            linear_group(gpu, &x, &refs, 1).map(drop)
-        })?;
+        let one_launch = |how| {
+            time_back_to_back(gpu, launches, &|i| {
+                gpu.next_node_scratch();
+                let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
+                linear_group_with(gpu, &x, &refs, 1, how).map(drop)
+            })
+        };
+        let blocks = one_launch(GroupKernel::Blocks)?;
+        let refs: Vec<&DeviceMatrix> = sets[0].iter().collect();
+        let chosen = GroupKernel::for_group(gpu, &x, &refs);
         let streamable = sets[0]
             .iter()
             .all(|m| OneToken::Streamed.fits(k, m.chunk_len()));
         let streamed = if streamable {
-            Some(time_back_to_back(gpu, launches, &|i| {
-                gpu.next_node_scratch();
-                let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
-                linear_group_with(gpu, &x, &refs, 1, GroupKernel::Streamed).map(drop)
-            })?)
+            Some(one_launch(GroupKernel::Streamed)?)
         } else {
             None
         };
@@ -210,8 +212,8 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
             .collect::<Vec<_>>()
             .join("+");
         let rows_of = [
-            Some(("one launch", one, true)),
-            streamed.map(|us| ("one launch, streamed", us, false)),
+            Some(("one launch, blocks", blocks, chosen == GroupKernel::Blocks)),
+            streamed.map(|us| ("one launch, streamed", us, chosen == GroupKernel::Streamed)),
             Some(("separate", separate, false)),
         ];
         for (variant, us, chosen) in rows_of.into_iter().flatten() {
