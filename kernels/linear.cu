@@ -149,16 +149,31 @@ struct StreamRow {
     float* y;    // its output
 };
 
+// A lane's chunks of a row (short_chunks_load's chunks), loaded past L1
+// (ld.global.nc.L1::no_allocate): ~160 KB of weights in flight an SM would otherwise evict x,
+// which every row reads. The lm head 296.8 -> 288.7 us (x staged in shared memory instead:
+// 298.9; results/2026-12-01-session14-stream-trials.log).
+template <typename W>
+__device__ __forceinline__ void stream_row_load(const W* row, long chunks, int lane, uint4* raw) {
+    const uint4* p = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+    for (int u = 0; u < WHOLE_ROW_CHUNKS; u++)
+        if (lane + 32 * u < chunks)
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[u].x), "=r"(raw[u].y), "=r"(raw[u].z), "=r"(raw[u].w)
+                         : "l"(p + lane + 32 * u));
+}
+
 template <typename W, typename RowOf>
 __device__ __forceinline__ void stream_rows(const float* x, long k, long total, long first, RowOf row_of) {
     const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / WeightVec<W>::N;
     const int lane = threadIdx.x & 31;
     uint4 cur[WHOLE_ROW_CHUNKS], next[WHOLE_ROW_CHUNKS];
     StreamRow<W> row = row_of(first);
-    if (first < total) short_chunks_load<W, WHOLE_ROW_CHUNKS>(row.w, chunks, lane, 32, cur);
+    if (first < total) stream_row_load<W>(row.w, chunks, lane, cur);
     for (long v = first; v < total; v += stride) {
         const StreamRow<W> after = row_of(v + stride);
-        if (v + stride < total) short_chunks_load<W, WHOLE_ROW_CHUNKS>(after.w, chunks, lane, 32, next);
+        if (v + stride < total) stream_row_load<W>(after.w, chunks, lane, next);
         const float s = warp_sum(short_chunks_dot<W, WHOLE_ROW_CHUNKS>(x, cur, chunks, lane, 32));
         if (lane == 0) *row.y = s;
 #pragma unroll

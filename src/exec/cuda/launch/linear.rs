@@ -174,7 +174,8 @@ impl OneToken {
     /// - more (the lm head, 2560->248320): the streamed grid where a lane holds its share of a
     ///   row (297.5 µs, 1.00 of the copy bandwidth, against a pure read of its bytes 281; a warp
     ///   per row 319, the warp per row with its whole row in flight 315, 4 rows a block 316:
-    ///   results/2026-12-01-session14-lm-head-sweep.log), else a warp per row.
+    ///   results/2026-12-01-session14-lm-head-sweep.log; its weights since loaded past L1, 288.7:
+    ///   results/2026-12-01-session14-stream-trials.log), else a warp per row.
     pub fn for_shape(n: usize, k: usize, chunk_len: usize) -> OneToken {
         match (n, k) {
             (n, k) if n > 65_536 && OneToken::Streamed.fits(k, chunk_len) => OneToken::Streamed,
