@@ -135,14 +135,7 @@ __device__ __forceinline__ void linear_rows1_whole(float* y, const float* x, con
     }
 }
 
-// The same rows streamed by a persistent grid (`OneToken::Streamed`: two blocks a
-// multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
-// before the products of the row it holds, so that its bytes in flight never drain between
-// rows, and no block is scheduled after the first. Rows v = first, first + stride, ... of
-// `total`; row_of(v) gives row v's weights and output (one matrix here, a group's parts laid end
-// to end in linear_parts1_stream). (Lane 0 also asking the row after next into L2, a bulk
-// prefetch, measured slower: 293 -> 323 us for the lm head,
-// results/2026-12-01-session14-streamed-groups.log.)
+// A row of a streamed matrix.
 template <typename W>
 struct StreamRow {
     const W* w;  // the row's first weight
@@ -164,6 +157,15 @@ __device__ __forceinline__ void stream_row_load(const W* row, long chunks, int l
                          : "l"(p + lane + 32 * u));
 }
 
+// The same rows streamed by a persistent grid (`OneToken::Streamed`: two blocks a
+// multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
+// before the products of the row it holds, so that its bytes in flight never drain between
+// rows, and no block is scheduled after the first. Rows v = first, first + stride, ... of
+// `total`; row_of(v) gives row v's weights and output (one matrix here, a group's parts laid end
+// to end in linear_parts1_stream). The sums are linear_rows1's, chunk by chunk in the same
+// order: the same bits. (Lane 0 also asking the row after next into L2, a bulk
+// prefetch, measured slower: 293 -> 323 us for the lm head,
+// results/2026-12-01-session14-streamed-groups.log.)
 template <typename W, typename RowOf>
 __device__ __forceinline__ void stream_rows(const float* x, long k, long total, long first, RowOf row_of) {
     const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / WeightVec<W>::N;

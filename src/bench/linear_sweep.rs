@@ -48,7 +48,7 @@ const READ_CEILING_BLOCKS: [usize; 2] = [4, 8];
 /// limit.
 fn read_ceiling(gpu: &Gpu, sets: &[Vec<DeviceMatrix>], bandwidth: f64) -> Result<Vec<SweepRow>> {
     let m = &sets[0][0];
-    let bytes = m.len() * if m.chunk_len() == 8 { 2 } else { 4 };
+    let bytes = m.bytes();
     let out = std::cell::RefCell::new(gpu.zeros::<u32>(1, "the read ceiling's word")?);
     let mut rows = Vec::new();
     for blocks in READ_CEILING_BLOCKS {

@@ -46,6 +46,14 @@ impl DeviceMatrix {
         }
     }
 
+    /// Bytes the matrix takes on the device.
+    pub fn bytes(&self) -> usize {
+        match self {
+            DeviceMatrix::F32(s) => s.len() * 4,
+            DeviceMatrix::Bf16(s) => s.len() * 2,
+        }
+    }
+
     /// The matrix's device address (alignment checks of the launchers that pick a kernel by it).
     pub fn device_address(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> u64 {
         use cudarc::driver::DevicePtr as _;
@@ -134,8 +142,8 @@ impl OneToken {
     /// The variants only plain linears have (no `linear_hc_write` form).
     pub const LINEAR_ONLY: [OneToken; 2] = [OneToken::WarpPerRowWhole, OneToken::Streamed];
 
-    /// Whether the variant takes rows of `k` weights of `w`'s type (the whole-row kernels hold a
-    /// lane's chunks in registers).
+    /// Whether the variant takes rows of `k` weights of `chunk_len` to a 16-byte chunk (the
+    /// whole-row and streamed kernels hold a lane's chunks of a row in registers).
     pub fn fits(self, k: usize, chunk_len: usize) -> bool {
         match self {
             OneToken::WarpPerRowWhole | OneToken::Streamed => {

@@ -248,7 +248,7 @@ pub fn read_bytes(
     blocks_per_sm: usize,
 ) -> Result<(), CudaError> {
     let kernel = "read_bytes";
-    let bytes = m.len() * if m.chunk_len() == 8 { 2 } else { 4 };
+    let bytes = m.bytes();
     shape(
         kernel,
         m.device_address(&gpu.stream).is_multiple_of(16)
