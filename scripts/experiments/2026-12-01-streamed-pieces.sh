@@ -11,10 +11,7 @@ cd "$(dirname "$0")/../.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
 source scripts/experiments/ab_bench.sh
 gpu_test_runs gpu_kernels
-NAME=sweep timeout 240 bash scripts/gpu_bench.sh --layers 8 --contexts 1024 --prefills 16 --sweep-linear >/dev/null 2>&1
-echo "sweep rc $?"
-grep -E "248320|6144->|read ceiling|linear_group" "$OUT/sweep.log"
-rm -f "$OUT/sweep.json"
+sweep_rows "248320|6144->|read ceiling|linear_group"
 for pass in 1 2; do
     for v in base tree hcstream; do bench $v-$pass ./gpu-bin/$v/graphrun; done
 done

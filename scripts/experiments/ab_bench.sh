@@ -39,3 +39,12 @@ memcheck_tiny() {
     timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck "$1" run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda >"$OUT/memcheck.log" 2>&1
     echo "memcheck rc $?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
 }
+# sweep_rows ROWS: `bench --sweep-linear` at 8 layers (gpu-bin/graphrun, or GRAPHRUN_BIN), kept as
+# $OUT/sweep.log (its json dropped: a call returns 8 files); prints the rows matching the regex
+# ROWS.
+sweep_rows() {
+    NAME=sweep timeout 240 bash scripts/gpu_bench.sh --layers 8 --contexts 1024 --prefills 16 --sweep-linear >/dev/null 2>&1
+    echo "sweep rc $?"
+    grep -E "$1" "$OUT/sweep.log"
+    rm -f "$OUT/sweep.json"
+}
