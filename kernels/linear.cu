@@ -116,24 +116,10 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, co
     linear_rows<bf16_t, 1>(y, x, w, tokens, k, n);
 }
 
-// One token, a warp per row with all of a lane's chunks of its row in flight at once
-// (`OneToken::WarpPerRowWhole`: k / N ≤ 32·WHOLE_ROW_CHUNKS, 16-byte aligned, checked by the
-// launcher): one round trip a row instead of linear_rows1's rounds of LOADS_IN_FLIGHT. The sums
-// are linear_rows1's, chunk by chunk in the same order: the same bits.
+// The most 16-byte chunks of a row a lane holds in the streamed kernels
+// (launch::linear::WHOLE_ROW_CHUNKS). (A warp per row holding its whole row, not streamed, took
+// the lm head 315 us against linear_rows1's 319: results/2026-12-01-session14-lm-head.log.)
 #define WHOLE_ROW_CHUNKS 10
-
-template <typename W>
-__device__ __forceinline__ void linear_rows1_whole(float* y, const float* x, const W* w, long k, long n) {
-    constexpr int N = WeightVec<W>::N;
-    const long warps = blockDim.x >> 5, chunks = k / N;
-    const int lane = threadIdx.x & 31;
-    for (long r = blockIdx.x * warps + (threadIdx.x >> 5); r < n; r += gridDim.x * warps) {
-        uint4 raw[WHOLE_ROW_CHUNKS];
-        short_chunks_load<W, WHOLE_ROW_CHUNKS>(w + r * k, chunks, lane, 32, raw);
-        const float s = warp_sum(short_chunks_dot<W, WHOLE_ROW_CHUNKS>(x, raw, chunks, lane, 32));
-        if (lane == 0) y[r] = s;
-    }
-}
 
 // A row of a streamed matrix.
 template <typename W>
@@ -157,8 +143,8 @@ __device__ __forceinline__ void stream_row_load(const W* row, long chunks, int l
                          : "l"(p + lane + 32 * u));
 }
 
-// The same rows streamed by a persistent grid (`OneToken::Streamed`: two blocks a
-// multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
+// One token, a warp per row, the rows streamed by a persistent grid (`OneToken::Streamed`: two
+// blocks a multiprocessor, every warp resident for the whole launch): a warp issues its next row's loads
 // before the products of the row it holds, so that its bytes in flight never drain between
 // rows, and no block is scheduled after the first. Rows v = first, first + stride, ... of
 // `total`; row_of(v) gives row v's weights and output (one matrix here, a group's parts laid end
@@ -184,13 +170,7 @@ __device__ __forceinline__ void stream_rows(const float* x, long k, long total, 
     }
 }
 
-#define ROWS1_WHOLE_KERNELS(W, SUFFIX)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) linear_rows1_whole_##SUFFIX(float* y, const float* x,   \
-                                                                                  const W* w, long k, long n) { \
-        prefetch_first_rows(w, k, n, blockDim.x >> 5);                                                        \
-        wait_for_producers();                                                                                 \
-        linear_rows1_whole<W>(y, x, w, k, n);                                                                 \
-    }                                                                                                         \
+#define ROWS1_STREAM_KERNEL(W, SUFFIX)                                                                        \
     extern "C" __global__ void __launch_bounds__(256, 2) linear_rows1_stream_##SUFFIX(float* y, const float* x, \
                                                                                       const W* w, long k, long n) { \
         prefetch_first_rows(w, k, n, blockDim.x >> 5);                                                        \
@@ -199,8 +179,8 @@ __device__ __forceinline__ void stream_rows(const float* x, long k, long total, 
         stream_rows<W>(x, k, n, first, [&](long r) { return StreamRow<W>{w + r * k, y + r}; });              \
     }
 
-ROWS1_WHOLE_KERNELS(float, f32)
-ROWS1_WHOLE_KERNELS(bf16_t, bf16)
+ROWS1_STREAM_KERNEL(float, f32)
+ROWS1_STREAM_KERNEL(bf16_t, bf16)
 
 // linear_hc_write: out [T, C*n] = h + inj ⊗ (x·Wᵀ), the residual write of a block fused into its
 // output projection (`ops::linear::linear_hc_write`): a warp per output row r as `linear_rows`,

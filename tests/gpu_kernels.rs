@@ -201,7 +201,7 @@ fn kernels_match_the_cpu_reference() {
                     &got,
                     &want_bf16,
                 );
-                // The whole-row kernels sum as linear_rows1 does, chunk by chunk.
+                // The streamed kernel sums as linear_rows1 does, chunk by chunk.
                 if OneToken::LINEAR_ONLY.contains(&v) {
                     report.same(
                         &format!("linear one token {}_bf16", v.name()),

@@ -190,10 +190,7 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         let blocks = one_launch(GroupKernel::Blocks)?;
         let refs: Vec<&DeviceMatrix> = sets[0].iter().collect();
         let chosen = GroupKernel::for_group(gpu, &x, &refs);
-        let streamable = sets[0]
-            .iter()
-            .all(|m| OneToken::Streamed.fits(k, m.chunk_len()));
-        let streamed = if streamable {
+        let streamed = if GroupKernel::Streamed.takes(gpu, &x, &refs) {
             Some(one_launch(GroupKernel::Streamed)?)
         } else {
             None
@@ -331,7 +328,7 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         let chosen = OneToken::for_shape(n, k, sets[0][0].chunk_len());
         let linear_only = OneToken::LINEAR_ONLY
             .into_iter()
-            .filter(|v| !fused && v.fits(k, sets[0][0].chunk_len()));
+            .filter(|v| !fused && v.takes(gpu, &x, &sets[0][0]));
         for v in OneToken::ALL.into_iter().chain(linear_only) {
             let us = time_back_to_back(gpu, LAUNCHES.max(copies), &|i| {
                 gpu.next_node_scratch();

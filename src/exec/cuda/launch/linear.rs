@@ -112,17 +112,15 @@ pub enum OneToken {
     /// in flight (`linear_group1_g{rows}u{loads}`, `linear_hc_write_group1_g{rows}u{loads}`):
     /// many short blocks, so the last wave is not a partial one.
     Group { rows: usize, loads: usize },
-    /// A warp per output row with all of a lane's chunks of the row in flight at once
-    /// (`linear_rows1_whole`): rows of up to [`WHOLE_ROW_CHUNKS`] chunks a lane. Plain linears
-    /// only ([`OneToken::LINEAR_ONLY`]).
-    WarpPerRowWhole,
-    /// As `WarpPerRowWhole`, by a persistent grid of two blocks a multiprocessor whose warps
-    /// load their next row before the products of the one they hold (`linear_rows1_stream`).
+    /// A warp per output row by a persistent grid of two blocks a multiprocessor, each warp
+    /// holding its row's chunks (up to [`WHOLE_ROW_CHUNKS`] a lane) and loading its next row
+    /// before the products of the one it holds (`linear_rows1_stream`). Plain linears only
+    /// ([`OneToken::LINEAR_ONLY`]).
     Streamed,
 }
 
-/// The most 16-byte chunks of a row a lane holds in `linear_rows1_whole` and
-/// `linear_rows1_stream` (WHOLE_ROW_CHUNKS in kernels/linear.cu).
+/// The most 16-byte chunks of a row a lane holds in the streamed kernels (WHOLE_ROW_CHUNKS in
+/// kernels/linear.cu).
 pub const WHOLE_ROW_CHUNKS: usize = 10;
 
 /// Resident blocks a multiprocessor `linear_rows1_stream` is built for (its launch bounds).
@@ -140,13 +138,13 @@ impl OneToken {
     pub const ALL: [OneToken; 4] = [OneToken::WarpPerRow, group(1, 4), group(2, 2), group(4, 1)];
 
     /// The variants only plain linears have (no `linear_hc_write` form).
-    pub const LINEAR_ONLY: [OneToken; 2] = [OneToken::WarpPerRowWhole, OneToken::Streamed];
+    pub const LINEAR_ONLY: [OneToken; 1] = [OneToken::Streamed];
 
     /// Whether the variant takes rows of `k` weights of `chunk_len` to a 16-byte chunk (the
-    /// whole-row and streamed kernels hold a lane's chunks of a row in registers).
+    /// streamed kernels hold a lane's chunks of a row in registers).
     pub fn fits(self, k: usize, chunk_len: usize) -> bool {
         match self {
-            OneToken::WarpPerRowWhole | OneToken::Streamed => {
+            OneToken::Streamed => {
                 chunk_len > 0
                     && k.is_multiple_of(chunk_len)
                     && k / chunk_len <= 32 * WHOLE_ROW_CHUNKS
@@ -155,10 +153,20 @@ impl OneToken {
         }
     }
 
+    /// Whether the variant takes x [k] and w: [`OneToken::fits`], and for the streamed kernels,
+    /// which load both in chunks with no scalar path, both 16-byte aligned.
+    pub fn takes(self, gpu: &Gpu, x: &CudaSlice<f32>, w: &DeviceMatrix) -> bool {
+        use cudarc::driver::DevicePtr as _;
+        let aligned = || {
+            x.device_ptr(&gpu.stream).0.is_multiple_of(16)
+                && w.device_address(&gpu.stream).is_multiple_of(16)
+        };
+        self.fits(x.len(), w.chunk_len()) && (self != OneToken::Streamed || aligned())
+    }
+
     pub fn name(self) -> String {
         match self {
             OneToken::WarpPerRow => "warp_per_row".into(),
-            OneToken::WarpPerRowWhole => "warp_per_row_whole".into(),
             OneToken::Streamed => "streamed".into(),
             OneToken::Group { rows, loads } => format!("group{rows}x{loads}"),
         }
@@ -181,7 +189,7 @@ impl OneToken {
     ///   second wave);
     /// - more (the lm head, 2560->248320): the streamed grid where a lane holds its share of a
     ///   row (297.5 µs, 1.00 of the copy bandwidth, against a pure read of its bytes 281; a warp
-    ///   per row 319, the warp per row with its whole row in flight 315, 4 rows a block 316:
+    ///   per row 319, a warp per row with its whole row in flight 315 (not kept), 4 rows a block 316:
     ///   results/2026-12-01-session14-lm-head-sweep.log; its weights since loaded past L1, 288.7:
     ///   results/2026-12-01-session14-stream-trials.log), else a warp per row.
     pub fn for_shape(n: usize, k: usize, chunk_len: usize) -> OneToken {
@@ -202,7 +210,6 @@ impl OneToken {
         match self {
             OneToken::WarpPerRow => w.kernel(warp),
             OneToken::Group { rows, loads } => w.kernel(&format!("{group}_g{rows}u{loads}")),
-            OneToken::WarpPerRowWhole => w.kernel(&format!("{warp}_whole")),
             OneToken::Streamed => w.kernel(&format!("{warp}_stream")),
         }
     }
@@ -211,7 +218,7 @@ impl OneToken {
     /// blocks as are resident at once (fewer for short matrices).
     fn grid(self, n: usize, multiprocessors: usize) -> LaunchConfig {
         match self {
-            OneToken::WarpPerRow | OneToken::WarpPerRowWhole => warp_grid(n),
+            OneToken::WarpPerRow => warp_grid(n),
             OneToken::Streamed => {
                 let mut cfg = warp_grid(n);
                 cfg.grid_dim.0 = cfg
@@ -232,7 +239,7 @@ impl OneToken {
         shape(
             kernel,
             match self {
-                OneToken::WarpPerRow | OneToken::WarpPerRowWhole | OneToken::Streamed => true,
+                OneToken::WarpPerRow | OneToken::Streamed => true,
                 OneToken::Group { rows, loads } => GROUPS.contains(&(rows, loads)),
             },
             || format!("no one-token variant {self:?}"),
@@ -271,14 +278,6 @@ pub fn linear_rows(
     Ok(y)
 }
 
-/// Whether `x` and `w` start on 16-byte boundaries (the whole-row kernels load both in chunks
-/// with no scalar path).
-fn aligned16(gpu: &Gpu, x: &CudaSlice<f32>, w: &DeviceMatrix) -> bool {
-    use cudarc::driver::DevicePtr as _;
-    x.device_ptr(&gpu.stream).0.is_multiple_of(16)
-        && w.device_address(&gpu.stream).is_multiple_of(16)
-}
-
 /// `y = x · Wᵀ` for one token, `x [k]`, `W [n, k]`, with the given variant.
 pub fn linear_one_token(
     gpu: &Gpu,
@@ -293,14 +292,10 @@ pub fn linear_one_token(
     variant.check(kernel)?;
     shape(
         kernel,
-        x.len() == k
-            && w.len() == n * k
-            && n > 0
-            && (variant.fits(k, w.chunk_len()) && aligned16(gpu, x, w)
-                || !OneToken::LINEAR_ONLY.contains(&variant)),
+        x.len() == k && w.len() == n * k && n > 0 && variant.takes(gpu, x, w),
         || {
             format!(
-                "x {} values for one token of {k}, weight {} values for {n}x{k} (the whole-row kernels: rows of at most {} 16-byte chunks a lane, 16-byte aligned)",
+                "x {} values for one token of {k}, weight {} values for {n}x{k} (streamed: rows of at most {} 16-byte chunks a lane, 16-byte aligned)",
                 x.len(),
                 w.len(),
                 WHOLE_ROW_CHUNKS
@@ -318,7 +313,7 @@ pub fn linear_one_token(
     }
     b.arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads only where k and the addresses allow
-    // (the whole-row kernels: k a multiple of the chunk, cudarc's allocations 256-byte aligned).
+    // (the streamed kernel: k a multiple of the chunk and both addresses, checked by `takes`).
     launched(kernel, unsafe {
         b.launch(variant.grid(n, gpu.multiprocessors))
     })?;
@@ -340,7 +335,7 @@ pub fn linear_hc_write(
 ) -> Result<Buf<f32>, CudaError> {
     let k = x.len().checked_div(tokens).unwrap_or(0);
     let n = w.len().checked_div(k).unwrap_or(0);
-    // The whole-row kernels have no residual-write form: a warp per row in their place.
+    // The streamed kernel has no residual-write form: a warp per row in its place.
     let variant = (tokens == 1).then(|| match OneToken::for_shape(n, k, w.chunk_len()) {
         v if OneToken::LINEAR_ONLY.contains(&v) => OneToken::WarpPerRow,
         v => v,
@@ -615,6 +610,12 @@ pub enum GroupKernel {
 }
 
 impl GroupKernel {
+    /// Whether the kernel takes x and every part: by blocks any; streamed where
+    /// [`OneToken::Streamed`] takes each part.
+    pub fn takes(self, gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> bool {
+        self == GroupKernel::Blocks || ws.iter().all(|w| OneToken::Streamed.takes(gpu, x, w))
+    }
+
     /// Streamed wherever a lane holds its share of a row (rows of up to 2560 bf16 weights, 16-byte
     /// aligned), else by blocks. From the sweep on the H200 (`graphrun bench --sweep-linear`,
     /// results/2026-12-01-session14-streamed-groups.log; µs per launch, back to back): GDN's
@@ -622,10 +623,7 @@ impl GroupKernel {
     /// 20.7, 2560 -> 10240+2560 18.8 against 19.0; segments 1.165 / 1.166 against 1.168 / 1.175 ms
     /// at 8 layers, 8k, in the same call.
     pub fn for_group(gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> GroupKernel {
-        let k = x.len();
-        let fits =
-            |w: &&DeviceMatrix| OneToken::Streamed.fits(k, w.chunk_len()) && aligned16(gpu, x, w);
-        if !ws.is_empty() && ws.iter().all(fits) {
+        if !ws.is_empty() && GroupKernel::Streamed.takes(gpu, x, ws) {
             GroupKernel::Streamed
         } else {
             GroupKernel::Blocks
@@ -661,13 +659,10 @@ pub fn linear_group_with(
     let kernel_name = first.map_or(base.into(), |w| w.kernel(base));
     let kernel = kernel_name.as_str();
     let same_dtype = ws.iter().all(|w| first.is_some_and(|f| f.same_dtype(w)));
-    let streamable = ws
-        .iter()
-        .all(|w| OneToken::Streamed.fits(k, w.chunk_len()) && aligned16(gpu, x, w));
     shape(
         kernel,
         (1..=MAX_PARTS).contains(&ws.len())
-            && (how == GroupKernel::Blocks || streamable)
+            && how.takes(gpu, x, ws)
             && same_dtype
             && k > 0
             && x.len() == k
@@ -806,13 +801,14 @@ mod tests {
         // f32 rows of 2560 (20 chunks a lane) and bf16 rows of 2568 do not fit: a warp per row.
         assert_eq!(OneToken::for_shape(248_320, 2560, 4), OneToken::WarpPerRow);
         assert!(!OneToken::Streamed.fits(2568, 8));
-        assert!(!OneToken::WarpPerRowWhole.fits(2564, 4));
-        assert!(OneToken::WarpPerRowWhole.fits(1280, 4));
+        assert!(!OneToken::Streamed.fits(2564, 4));
+        assert!(!OneToken::Streamed.fits(2560, 0));
+        assert!(OneToken::Streamed.fits(1280, 4));
         // Smaller matrices keep their variants.
         assert_eq!(OneToken::for_shape(10_240, 2560, 8), group(2, 2));
         assert_eq!(OneToken::for_shape(65_536, 2560, 8), group(2, 2));
-        for v in OneToken::ALL {
-            assert!(v.fits(37, 8), "{v:?} takes any row");
-        }
+        // Rows of no whole number of chunks: not streamed.
+        assert!(!OneToken::Streamed.fits(37, 8));
+        assert_eq!(OneToken::for_shape(248_320, 37, 8), OneToken::WarpPerRow);
     }
 }
