@@ -5,7 +5,8 @@
 #   on the device:   bash scripts/gpu_bench.sh [bench options]   # through the `device` tool, carry: ["gpu-bin"]
 #
 # Writes $OUT/bench.log (a header with the command and date, then the table) and $OUT/bench.json
-# (or results/ when OUT is unset); commit them under results/<date>-bench-*.{log,json}.
+# (or results/ when OUT is unset); commit them as results/bench-default.{log,json} (the default
+# options), results/bench-trace.log (--trace) or results/bench-sweep-linear.log (--sweep-linear).
 # Default options: 8 layers, contexts 1k and 8k, prompts of 2k and 8k tokens (each in one step,
 # as `graphrun run` prefills; add --chunk 2048 for chunks of 2048).
 # Add --trace for the decode step's timeline inside the replayed graph at the largest context,

@@ -8,10 +8,10 @@
 #   on the device:   bash scripts/gpu_marginal_costs.sh [KIND...]   # through the `device` tool, carry: ["gpu-bin"]
 #
 # Writes $OUT/marginal.log (or results/ when OUT is unset): each run's command, and a table.
-# Commit it under results/<date>-marginal-costs.log. Runs vary by about ±0.01 ms a step, so a
+# Commit it as results/marginal-costs.log. Runs vary by about ±0.01 ms a step, so a
 # node's figure is uncertain by about that divided by its count. A kind whose kernels run ahead of
 # the node before them (kernels/common.cuh) reads low here: its second launch runs ahead of its
-# first. Only the step's total says whether a change gained (results/2026-11-30-qsa-ahead-experiment.log).
+# first. Only the step's total says whether a change gained.
 # A second launch also finds the weights of a small node hot in L2: `bash scripts/gpu_bench.sh
 # --layers 8 --contexts 8192 --prefills 16 --trace` times every launch inside the graph as it is.
 source "$(dirname "$0")/gpu_env.sh"

@@ -10,7 +10,7 @@
 #   on the device:   bash scripts/gpu_sanitize.sh     # through the `device` tool, carry: ["gpu-bin"]
 #
 # Writes $OUT/sanitize.log (or results/ when OUT is unset): each run's command and the
-# sanitizer's error summary (the first errors in full). Commit it under results/<date>-sanitize.log.
+# sanitizer's error summary (the first errors in full). Commit it as results/sanitize.log.
 source "$(dirname "$0")/gpu_env.sh"
 SANITIZER=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 tiny=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt "the cat sat on the mat ." --max-new-tokens 4 --device cuda)
@@ -49,6 +49,7 @@ check() {
     check racecheck "${mma[@]}" --sync-each-node
     check memcheck "${real[@]}"
     check memcheck "${real_mma[@]}"
-    # (racecheck on real_mma did not finish in ~4 minutes: results/2026-11-30-session4-final.log)
+    # No racecheck on real_mma: it takes longer than ~4 minutes there (the tensor-core tiles get it
+    # on the tiny bf16 model above).
 } >"$out/sanitize.log" 2>&1
 rm -f "$out/sanitize_run.txt"

@@ -4,8 +4,8 @@
 #   here:            bash scripts/gpu_tests.sh build     # release test binaries → gpu-bin/ (git-ignored)
 #   on the device:   bash scripts/gpu_tests.sh run       # through the `device` tool, carry: ["gpu-bin"]
 #
-# `run` writes its log to $OUT (or results/ when OUT is unset); commit it under results/ with the
-# date. Leave the GPU's settings alone; NCCL_NVLS_ENABLE=0 stays set.
+# `run` writes $OUT/gpu_tests.log (or results/ when OUT is unset); commit it as
+# results/gpu-tests.log. Leave the GPU's settings alone; NCCL_NVLS_ENABLE=0 stays set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -26,7 +26,7 @@ for l in sys.stdin:
     done
     ;;
 run)
-    out="${OUT:-results}"  # on the device machine $OUT comes back; copy it to results/<date>-gpu-tests.log
+    out="${OUT:-results}"  # on the device machine $OUT comes back; copy it to results/gpu-tests.log
     log="$out/gpu_tests.log"
     {
         echo "# graphrun GPU tests"
