@@ -208,9 +208,7 @@ extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache,
 // Appending rows to a preallocated state `[capacity, width]`: row t of src goes to row start+t.
 
 // Two states of the same shape at once (an attention step's K and V rows): one launch, so one
-// kernel boundary, instead of two (1.3 us each in the replayed decode graph:
-// results/2026-11-30-trace-baseline.log; the QSA layer's attention chain 19.2 -> 18.5 us after,
-// within the runs' spread: results/2026-11-30-trace-append-kv.log).
+// kernel boundary, instead of two.
 extern "C" __global__ void append_rows2_f32(float* dst0, const float* src0, float* dst1, const float* src1,
                                             const long long* step, long rows, long width, long capacity) {
     wait_for_producers();
@@ -260,8 +258,7 @@ extern "C" __global__ void append_rows2_f32(float* dst0, const float* src0, floa
 #define IDX_THREADS 256
 // Scores a top-k thread block takes: a row of up to this many blocks (16k tokens at block 4) is
 // one chunk, settled in shared memory without the cross-chunk atomics, fences and list reload
-// (2048 put the bench's 8k context, 2049 blocks, in two chunks: the top-k 7.9 -> 6.7 us a decode
-// step in the replayed graph, results/2026-12-01-session13-indexer-trace-*.log).
+// (docs/decisions/0022-qsa-indexer-chunks-and-staged-queries.md).
 #define IDX_CHUNK 4096
 #define IDX_RUN 8
 // Launches of at most this many rows (decode) have each row's first top-k chunk load its keys
@@ -446,8 +443,7 @@ __device__ __forceinline__ void idx_dots(float* part, const float* kb, const flo
 // (row, key) adds the heads in order. The tile is loaded once for all the group's rows.
 // The queries of the rows a chain scores are staged in shared memory with the tile (the first
 // chain's) or after the previous chain's sums: read from global memory in the dot products'
-// loop, each step of the chain waited on L2 (phase marks: 3.1 of the kernel's 7.1 us a decode
-// step in the replayed graph, results/2026-12-01-session13-prep-ahead-trace-marks.log).
+// loop, each step of the chain waited on L2.
 // Dynamic shared memory: (IDX_TILE * (head_dim+1) + IDX_CHAIN * heads * (IDX_TILE + head_dim))
 // floats.
 extern "C" __global__ void indexer_select_score_f32(unsigned int* work, const float* q, const float* pooled,

@@ -4,8 +4,8 @@
 #include "ngram.cuh"
 
 // A thread per gathered value (grid-strided), so that one token's row is read by many blocks
-// at once: a block a row, looping over the row's columns with each load waiting on the table's
-// memory (never in L2: the table is 1.3 GB), took 4.6 us for one row of 2560.
+// at once, not by one block whose every load waits on the table's memory (never in L2: the
+// table is 1.3 GB).
 
 extern "C" __global__ void embed_reference_f32(float* y, const long long* ids, const float* table, long count, long d) {
     wait_for_producers();
@@ -30,8 +30,8 @@ __device__ __forceinline__ float embed_value(const bf16_t* table, long i) { retu
 // embed_streams (`Op::EmbedStreams`, fusion `embed_streams`): embed then repeat_streams in one
 // launch. ids [rows, n_ids]; y [rows, streams · n_ids·d], each stream of row t a copy of its n_ids
 // table rows. A thread per gathered value, as embed, storing it into each stream: the row is read
-// once and the [rows, n_ids·d] embedding is never stored (the unfused pair took two dependent
-// launches a decode step, 1.5 + 1.9 us).
+// once and the [rows, n_ids·d] embedding is never stored (the unfused pair: two dependent
+// launches a step).
 template <typename W>
 __device__ __forceinline__ void embed_streams(float* y, const long long* ids, const W* table, long rows, long n_ids,
                                               long d, long streams) {
@@ -58,10 +58,10 @@ extern "C" __global__ void embed_streams_reference_bf16(float* y, const long lon
 
 // ple_embed (`Op::PleEmbed`, fusion `ple_embed`): the PLE n-gram ids (ngram.cuh, as
 // ple_ngram_ids_reference_i64) and their table rows in one launch, the ids never stored (the
-// unfused pair took two dependent launches a decode step, the ids' single block 3.6 us and the
-// gather 2.1). y [rows, heads·d], heads = (ngram-1)·hpn: value i is column i - r·d of table row
-// id(r), r = i / d the (row, head) item. A thread per value, as embed; each block first hashes
-// the ids of its values (at most blockDim + 1 of them, a thread each) into shared memory.
+// unfused pair: two dependent launches a step, the ids' in a single block). y [rows, heads·d],
+// heads = (ngram-1)·hpn: value i is column i - r·d of table row id(r), r = i / d the (row, head)
+// item. A thread per value, as embed; each block first hashes the ids of its values (at most
+// blockDim + 1 of them, a thread each) into shared memory.
 //
 // The history (the node's state: ctx = ngram - 1 tokens) is read by every block and replaced by
 // one, and a grid's blocks run in no set order (some perhaps only after others have finished):

@@ -380,9 +380,7 @@ struct GdnLanes {
 
     // Whether the lane's column pair is read and written as one float2 (8-byte aligned: both
     // columns live, j even, rows of even length): half the load and store instructions, and a
-    // warp's access to a row's sector is one request instead of two. The decode convolution and
-    // recurrence 12.0 -> 11.2 us a GDN layer in the replayed graph
-    // (results/2026-11-30-trace-gdn-state-pairs.log).
+    // warp's access to a row's sector is one request instead of two.
     __device__ static bool paired(const float* S, int j, int dv) {
         return j + 1 < dv && (dv & 1) == 0 && (j & 1) == 0 && (reinterpret_cast<unsigned long long>(S) & 7) == 0;
     }
@@ -440,7 +438,7 @@ struct GdnLanes {
 // allow) while its warps run chunk c, then normalises q and k (a warp a token), forms the gates
 // and copies v into the chunk buffers: two block barriers a chunk, none a token. Lanes of 8 rows
 // (16 row groups, 4 columns a warp): twice the warps of 16-row lanes, each with half the chain a
-// token (the scan is latency-bound: ncu, results/2026-11-30-ncu-gdn-staged-prefill.log).
+// token, as the scan is latency-bound (docs/decisions/0017-gdn-layouts.md).
 #define GDNW_GROUPS 16
 #define GDNW_WARPS 4
 #define GDNW_T 16
@@ -749,8 +747,8 @@ extern "C" __global__ void __launch_bounds__(GDNN_MAX_THREADS)
 // the block that brings it to G writes them (every block forms the same next rows of q and k, in
 // shared memory: qk_next) and sets it back to 0 for the next launch, which runs after this one.
 // An arrival counter rather than a cluster barrier: a cluster of G blocks waits for G free
-// multiprocessors of one GPC at once, and measured, the fused kernel then started only once the
-// projection ahead had drained (results/2026-11-30-trace-fusions.log).
+// multiprocessors of one GPC at once, so it starts only once the projection ahead has drained
+// (docs/decisions/0018-gdn-conv-stays-its-own-kernel.md).
 #define GDNC_CHANNELS (2 * GDNW_MAX_DK + GDNN_MAX_DV)
 
 // Channel e of block h as a column of qkv: q (e < dk), then k (e < 2·dk) of key head kh, then v

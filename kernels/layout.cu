@@ -494,13 +494,11 @@ __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, cons
 // `up` row in one round (decode at the real geometry): a lane loads its `up` chunks into
 // registers before the kernel's wait (hc_read_gate_prefetch_up) and its stream's h and norm
 // weight before the partial sums, so that the kernel waits on one round of loads instead of
-// three; the sums are hc_mix_gate_with's, in the same order: the same bits. 6.1 -> 5.75 us a
-// node in the replayed graph with the up loads after the wait
-// (results/2026-11-30-trace-ple-ids-hc-gate.log). The general form (hc_read_gate_s):
-// hc_mix_gate_with, any shape. Apart because a kernel's code is fetched from L2 as it runs, and
-// this one runs once a layer between kernels streaming weights: the early form alone is 1528
-// SASS instructions against 3256 for both in one kernel, and 3.9-4.0 us a node against 4.5-4.65
-// in the replayed decode graph (results/2026-11-30-session12-slim-*.log).
+// three; the sums are hc_mix_gate_with's, in the same order: the same bits. The general form
+// (hc_read_gate_s): hc_mix_gate_with, any shape. Apart because a kernel's code is fetched from
+// L2 as it runs, and this one runs once a layer between kernels streaming weights: the early
+// form alone is half the code of both in one kernel
+// (docs/decisions/0011-code-size-in-once-a-layer-kernels.md).
 //
 // A gate lane's place: its warp's channel c, its stream s (32 / C lanes a stream), the up row ch,
 // and whether the block takes the early path (uniform over the block). Index math only.

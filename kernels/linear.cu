@@ -117,8 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows1_bf16(float* y, co
 }
 
 // The most 16-byte chunks of a row a lane holds in the streamed kernels
-// (launch::linear::WHOLE_ROW_CHUNKS). (A warp per row holding its whole row, not streamed, took
-// the lm head 315 us against linear_rows1's 319: results/2026-12-01-session14-lm-head.log.)
+// (launch::linear::WHOLE_ROW_CHUNKS).
 #define WHOLE_ROW_CHUNKS 10
 
 // A row of a streamed matrix.
@@ -130,8 +129,7 @@ struct StreamRow {
 
 // A lane's chunks of a row (short_chunks_load's chunks), loaded past L1
 // (ld.global.nc.L1::no_allocate): ~160 KB of weights in flight an SM would otherwise evict x,
-// which every row reads. The lm head 296.8 -> 288.7 us (x staged in shared memory instead:
-// 298.9; results/2026-12-01-session14-stream-trials.log).
+// which every row reads (docs/decisions/0007-streamed-loads-past-l1.md).
 template <typename W>
 __device__ __forceinline__ void stream_row_load(const W* row, long chunks, int lane, uint4* raw) {
     const uint4* p = reinterpret_cast<const uint4*>(row);
@@ -149,9 +147,7 @@ __device__ __forceinline__ void stream_row_load(const W* row, long chunks, int l
 // rows, and no block is scheduled after the first. Rows v = first, first + stride, ... of
 // `total`; row_of(v) gives row v's weights and output (one matrix here, a group's parts laid end
 // to end in linear_parts1_stream). The sums are linear_rows1's, chunk by chunk in the same
-// order: the same bits. (Lane 0 also asking the row after next into L2, a bulk
-// prefetch, measured slower: 293 -> 323 us for the lm head,
-// results/2026-12-01-session14-streamed-groups.log.)
+// order: the same bits (docs/decisions/0006-streamed-lm-head.md).
 template <typename W, typename RowOf>
 __device__ __forceinline__ void stream_rows(const float* x, long k, long total, long first, RowOf row_of) {
     const long stride = gridDim.x * (long)(blockDim.x >> 5), chunks = k / WeightVec<W>::N;
@@ -484,8 +480,8 @@ __device__ __forceinline__ void linear_hc_write_group1(float* out, const float* 
         linear_hc_write_group1<W, G, U>(out, h, inj, x, w, k, n, streams);                                    \
     }
 
-// (G, U): G rows a block, U chunks of each row in flight per thread. (U = 3, which takes a row of
-// k = 6144 in one round, measured no faster than these: results/2026-11-30-bench-sweep-group-loads.log.)
+// (G, U): G rows a block, U chunks of each row in flight per thread (launch::linear's GROUPS,
+// chosen per shape by OneToken::for_shape: docs/decisions/0005-one-token-linear-by-shape.md).
 GROUP_KERNELS(1, 4, float, f32)
 GROUP_KERNELS(2, 2, float, f32)
 GROUP_KERNELS(4, 1, float, f32)
@@ -727,8 +723,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_mma64_bf16(float* y, co
 
 // 64 tokens x 128 outputs, 8 warps (2 x 4), each 32 x 32; 32 KB of shared memory: each staged
 // activation tile (f32, split into hi and lo) serves twice the outputs of linear_mma64 (the
-// `mma_wide` variant). (128 tokens x 64 outputs, which shares the weight tiles instead, was
-// slower: results/2026-11-30-bench-layers8-mma128.log.)
+// `mma_wide` variant; docs/decisions/0015-tensor-core-tiles.md).
 extern "C" __global__ void __launch_bounds__(256) linear_mma_wide_bf16(float* y, const float* x, const bf16_t* w,
                                                                        long tokens, long k, long n) {
     wait_for_producers();

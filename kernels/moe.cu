@@ -44,9 +44,8 @@
 // - the chosen k's sum (one add at a time, in order, as the reference) and the weights.
 // The selection compares the probabilities themselves, so exact ties (equal p from different
 // logits, zero probabilities, NaN rows) order as the reference orders them.
-// The first version (a sequential sum split into pieces, selection on the logits by rounds of
-// warp maxima, a tie check) took ~6.9 us a layer in the decode graph; this one ~4 (phase marks:
-// results/2026-11-30-router-*.log).
+// Few dependent steps, as the router's time is its chain of them
+// (docs/decisions/0012-router-bound-from-warp-maxima.md).
 
 // Threads at most and experts a thread holds at most (1024 x 4 experts).
 #define ROUTER_THREADS 1024
@@ -87,10 +86,9 @@ __device__ __forceinline__ float router_warp_halving_sum(float v) {
 // ids, weights [rows, top_k]; logits [rows, experts]. Block: min(experts rounded up to 32, 1024)
 // threads, experts <= PER x the block, top_k <= ROUTER_MAX_TOPK (checked on the host). PER (the
 // experts a thread may hold) is a template argument: the narrow kernel (PER 1: up to 1024
-// experts, the real model's 512) is a quarter of the wide one's code, and its phases follow one
-// another sooner (3.6 against 4.5 us a layer in the replayed decode graph,
-// results/2026-11-30-session12-ab-*.log: instruction fetch from L2 while the kernels around it
-// stream weights, most likely). The launcher (`launch::moe::RouterKernel`) picks.
+// experts, the real model's 512) is a quarter of the wide one's code, which a kernel run once a
+// layer fetches from L2 as it runs (docs/decisions/0011-code-size-in-once-a-layer-kernels.md).
+// The launcher (`launch::moe::RouterKernel`) picks.
 template <int PER>
 __device__ __forceinline__ void router_rows(long long* ids, float* weights, const float* logits, long rows,
                                             int experts, int top_k, int normalize) {
@@ -229,8 +227,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
 #define GATE_UP_BATCH 5
 // Chunks per slot a lane has in flight in the down kernel, for each of DOWN_PASSES slots at once.
 // 10 at the real 640-wide rows: 8 lanes a (row, slot) product, so that moe_experts_down_rows'
-// 80 products a block take 3 rounds of loads instead of 5 (12.9 -> 12.5 us a layer in the
-// replayed graph at 80 registers, results/2026-11-30-down-batch-trace-*.log).
+// 80 products a block take 3 rounds of loads instead of 5.
 #define DOWN_BATCH 10
 #define DOWN_PASSES 2
 
@@ -435,13 +432,9 @@ extern "C" __global__ void moe_experts_down_bf16(float* y, const float* act, con
 // The same sums, DOWN_ROWS output rows of one token a block (decode; the launcher's choice when
 // the shapes allow): the token's top_k act rows are staged in shared memory once a block, where
 // a block per row read them from L2 for every row (2560 blocks x 25.6 KB at the real geometry:
-// twice the bytes of the weights): 16.6 -> 14.7 us a layer in the replayed graph
-// (results/2026-11-30-trace-moe-down.log). A group of `lanes` lanes takes one (row, slot)
+// twice the bytes of the weights). A group of `lanes` lanes takes one (row, slot)
 // product at a time with down_share's chunks and order, and the row's sum is experts_down's:
-// the same bits. Slower, tried: loading a group's next product before summing the current one
-// (16.1 us), two products a group at once with the ids staged (16.4 us at 3 blocks an SM, 21.6
-// at 106 registers): results/2026-11-30-trace-moe-down-*.log; 4 rows a block (18.4 us:
-// results/2026-11-30-trace-ple-ids-hc-gate.log).
+// the same bits (the forms measured slower: docs/decisions/0013-moe-down-by-rows.md).
 // Round trips to memory before the first product: the staging is cp.async (a load and a store a
 // thread per 16 bytes, one after another, took 7 round trips for the 1600 16-byte units), the
 // token's ids and router weights are staged with it (each round read its id from memory after
@@ -777,10 +770,9 @@ __device__ __forceinline__ void em_store_pair(float* y, int s, long n, long c, f
 }
 
 // 64 slots x 128 outputs a block (8 warps of 32 x 32): each block stages its tile's activation
-// rows (f32, split into bf16 hi and lo) once per 128 outputs; with 64 they were staged 20 times
-// for a tile's 1280 gate/up outputs and 40 for its 2560 down outputs, and the activation
-// traffic, not the weights, held the kernels to ~43% of the copy rate (ncu:
-// results/2026-11-30-ncu-moe-expert-major-mma.log).
+// rows (f32, split into bf16 hi and lo) once per 128 outputs, half as often as 64-wide blocks:
+// the activation traffic, not the weights, bounds these kernels
+// (docs/decisions/0014-expert-major-moe.md).
 #define EM_MMA_WARPS_M 2
 #define EM_MMA_WARPS_N 4
 #define EM_MMA_MT 2
@@ -847,8 +839,8 @@ extern "C" __global__ void moe_experts_expert_major_combine_f32(float* y, const 
 // history ++ tokens); tokens [rows]; multipliers [ngram]; sizes, offsets [(ngram-1) * hpn].
 // One block: the old history is copied into shared memory before anyone writes it. A thread per
 // (row, head), so that a decode step's 16 heads (each a 64-bit remainder after dependent loads)
-// run at once rather than one after another in one thread (8.3 us in the replayed graph:
-// results/2026-11-30-trace-baseline.log; 3.4 us after: results/2026-11-30-trace-ple-ids-hc-gate.log); each forms its n-gram's mix from the row's history.
+// run at once rather than one after another in one thread; each forms its n-gram's mix from the
+// row's history.
 // The hashing is ngram.cuh's, shared with the fused ids + gather (embed.cu's ple_embed).
 extern "C" __global__ void ple_ngram_ids_reference_i64(long long* ids, long long* history, const long long* tokens,
                                                        long rows, long long eos, int ngram, int hpn,

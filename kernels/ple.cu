@@ -73,8 +73,7 @@ __device__ __forceinline__ void ple_prefetch_norms(float* nk, float* nq, const f
 // causal_conv_reference_f32): the window holds ext rows [t, t + past), so tap j < kernel - 1 is
 // window row past - (kernel-1-j)·dilation, the last one xn. The window is then shifted up one
 // row, xn in last. The column is loaded whole before any use (one wait for memory, not one a
-// row: shifting row by row in memory took 25 us for the real window of 9 rows), and each row
-// is visited in ascending order, which is the taps' order.
+// row), and each row is visited in ascending order, which is the taps' order.
 __device__ __forceinline__ float ple_conv_in_memory(float* window, const float* conv_w, float xn, long ch, long width,
                                                    long past, int kernel, int dilation) {
     float acc = 0.0f;
@@ -135,8 +134,8 @@ __device__ __forceinline__ float ple_conv_held(float* window, const PleConvIn& i
 // writing only its own blockDim channels, one a thread. The conv of row t reads the normed gv
 // of rows before it, which the thread finds in its channel's window column (shifted one row after
 // each row): a thread reads and rewrites only its own channel's column, so the window needs no
-// barrier. (One block per stream, each thread convolving ten channels, held 250 registers a
-// thread and started only once the projection ahead had drained.) At most 128 registers a thread
+// barrier. (One block per stream, each thread convolving ten channels, needs ~250 registers a
+// thread, so it starts only once the kernel ahead has drained.) At most 128 registers a thread
 // (two blocks a multiprocessor), so that a block finds room sooner.
 // Round trips to memory after the wait: the dot product's norm weights are copied into shared
 // memory before it (its loop, a branch a channel, waited for each channel's two weights in
