@@ -27,3 +27,9 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::rules::RuleError> for Error {
+    fn from(e: crate::rules::RuleError) -> Self {
+        Error::Lower(e.into())
+    }
+}

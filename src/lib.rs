@@ -18,6 +18,8 @@ pub mod lower;
 pub mod ops;
 pub mod passes;
 pub mod plan;
+pub mod registry;
+pub mod rules;
 pub mod runtime;
 pub mod synth;
 pub mod weights;

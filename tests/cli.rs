@@ -150,8 +150,32 @@ fn lower_the_real_config_without_weights() {
         "64",
     ]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("device: Cuda") && stdout.contains("rule: \"linear.cuda_tiled\""));
+    // bf16 matrices (the release's) by default: tensor-core tiles, the kernel named.
+    assert!(stdout.contains("device: Cuda") && stdout.contains("rule: \"linear.cuda_mma\""));
+    assert!(
+        stdout.contains("kernels: [\"linear_mma_wide_bf16\""),
+        "{stdout}"
+    );
     assert!(!stdout.contains("linear.prefill_tiled"));
+    let (ok, stdout, stderr) = graphrun(&[
+        "lower",
+        "--config",
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "--device",
+        "cuda",
+        "--tokens",
+        "64",
+        "--weights",
+        "f32",
+        "--format",
+        "kernels",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("linear.cuda_tiled") && stdout.contains("linear_tiled_f32"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("bf16"), "{stdout}");
     let (ok, stdout, _) = graphrun(&[
         "lower",
         "--model",

@@ -1136,11 +1136,11 @@ fn rules_ron_misspelled_field_names_file_line_and_column() {
 
 #[test]
 fn rules_ron_missing_paren_names_file_and_line() {
-    // `when: (max_tokens: Some(1)),` → `when: (max_tokens: Some(1),`: the predicate goes on into
+    // `when: (device: Cpu, tokens: (max: 1)),` → `... (max: 1),`: the predicate goes on into
     // the next line, where `variant` is the first token that cannot belong to it.
-    let b = broken_graphs("ron-rules-paren", "rules.ron", "Some(1)),", "Some(1),");
+    let b = broken_graphs("ron-rules-paren", "rules.ron", "(max: 1)),", "(max: 1),");
     let stderr = assert_ron_error(&b.graphs, &b.path, b.line + 1, None);
-    assert_contains(&stderr, &["`variant`", "Predicate"]);
+    assert_contains(&stderr, &["`variant`", "When"]);
 }
 
 #[test]

@@ -202,7 +202,7 @@ fn reference_scores(
         .collect()
 }
 
-/// The selection as `RowSel`s, checking the format (docs/cuda-plan.md) on the way.
+/// The selection as `RowSel`s, checking the format (docs/pipeline.md) on the way.
 fn decode_selection(sel: &[i32], rows: usize, keep: usize, block: usize) -> Vec<RowSel> {
     assert_eq!(sel.len(), rows * (2 + keep), "selection length");
     sel.chunks(2 + keep)
@@ -523,8 +523,9 @@ fn steps_from(plan: &[(usize, usize)]) -> Vec<(usize, usize)> {
 
 /// `attention_split` (flash-decoding) at tiny shapes: steps of 1..8 rows across the dense/sparse
 /// boundary, every group bound of the kernel (heads per kv head 1, 2, 6, 12, 16; head_dim 16, 20
-/// and 32), block sizes 2 and 3, keep 0; and shapes it hands to the reference kernel (head_dim
-/// 6, 17 heads per kv head).
+/// and 32), block sizes 2 and 3, keep 0; and shapes it refuses (head_dim 6, 17 heads per kv
+/// head), which the registry's `split` variant refuses too, so the schedule gives them the
+/// reference kernel.
 #[test]
 fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -567,7 +568,11 @@ fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
             ..base
         };
         println!("{heads}/{kv_heads} heads of {head_dim}");
-        run_steps(&gpu, &g, 0x5917 + i as u64);
+        if split_takes(heads / kv_heads, head_dim) {
+            run_steps(&gpu, &g, 0x5917 + i as u64);
+        } else {
+            assert_split_refuses(&gpu, heads, kv_heads, head_dim);
+        }
     }
     let g = Geometry {
         name: "split-tiny-b3",
@@ -644,7 +649,7 @@ struct GatedCase {
 
 /// A selection of `rows` rows from position `start` as the indexer makes them (rows whose
 /// complete blocks number at most `keep` are dense, the others keep `keep` random blocks), as
-/// `RowSel`s and in the device format (docs/cuda-plan.md).
+/// `RowSel`s and in the device format (docs/pipeline.md).
 fn random_selection(
     rng: &mut ChaCha8Rng,
     rows: usize,
@@ -763,7 +768,18 @@ fn run_gated_steps(gpu: &Gpu, c: &GatedCase, seed: u64) {
             k_norm: &dk_norm,
         };
         let mut ys = Vec::new();
+        let takes = split_takes(heads / s.kv_heads, hd);
         for (split, [fk, fv, uk, uv]) in [false, true].into_iter().zip(&mut caches) {
+            if split && !takes {
+                let refused = attn::gated_attention_split(
+                    gpu, &x, fk, fv, rows, &step, s, c.capacity, c.keep, eps, c.theta,
+                );
+                assert!(
+                    refused.is_err(),
+                    "{label}: the split kernels took {heads} heads of {hd}"
+                );
+                continue;
+            }
             let fused = if split {
                 attn::gated_attention_split
             } else {
@@ -830,8 +846,8 @@ fn run_gated_steps(gpu: &Gpu, c: &GatedCase, seed: u64) {
 
 /// `GatedAttention` at tiny shapes: steps of 1..8 rows from an empty cache across the dense /
 /// sparse boundary, norm weights per head channel and per row channel, block sizes 2 and 3; and
-/// shapes the split kernels hand to the reference (head_dim 6, 17 heads per kv head), where both
-/// forms run the prepare kernel and `attention_reference_gated_f32`.
+/// shapes the split kernels refuse (head_dim 6, 17 heads per kv head), where only the reference
+/// form runs (the split one is an error, as the registry says).
 #[test]
 fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -1602,4 +1618,32 @@ fn timings_at_8k_and_256k_context() {
             }
         }
     }
+}
+
+/// Whether the registry's split attention takes `group` query heads a kv head of `head_dim`.
+fn split_takes(group: usize, head_dim: usize) -> bool {
+    graphrun::registry::cuda::attention::split_kernel(group, head_dim).is_some()
+}
+
+/// The split attention refuses a shape its kernels do not take (an error, never another kernel).
+fn assert_split_refuses(gpu: &Gpu, heads: usize, kv_heads: usize, head_dim: usize) {
+    let (rows, capacity, keep, block) = (1, 8, 1, 2);
+    let q = gpu.upload(&vec![0.0f32; heads * head_dim], "q").unwrap();
+    let kv = gpu
+        .upload(&vec![0.0f32; kv_heads * head_dim], "kv")
+        .unwrap();
+    let sel = gpu.upload(&vec![-1i32; 2 + keep], "selection").unwrap();
+    let mut kc = gpu
+        .zeros::<f32>(capacity * kv_heads * head_dim, "k cache")
+        .unwrap();
+    let mut vc = gpu
+        .zeros::<f32>(capacity * kv_heads * head_dim, "v cache")
+        .unwrap();
+    let step = gpu.upload(&[0i64], "step").unwrap();
+    let err = attn::attention_split(
+        gpu, &q, &kv, &kv, &sel, &mut kc, &mut vc, rows, &step, heads, kv_heads, head_dim,
+        capacity, keep, block,
+    )
+    .expect_err("a shape the split kernels do not take");
+    assert!(err.to_string().contains("attention_split"), "{err}");
 }

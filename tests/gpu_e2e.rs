@@ -225,13 +225,18 @@ fn long_prompts_take_the_prefill_variants() {
             .map(|n| format!("{}/{}", n.op.kind(), n.variant))
             .collect();
         // QSA's attention is fused with its norms and gate (`gated_attention` in fusions.ron).
-        assert!(
-            variants.contains("moe_experts/expert_major")
-                && variants.contains("gated_attention/split"),
-            "{variants:?}"
-        );
+        assert!(variants.contains("gated_attention/split"), "{variants:?}");
         if gpu.weight_dtype == "bf16" {
-            assert!(variants.contains("linear/mma_wide"), "{variants:?}");
+            assert!(
+                variants.contains("linear/mma_wide")
+                    && variants.contains("moe_experts/expert_major_mma"),
+                "{variants:?}"
+            );
+        } else {
+            assert!(
+                variants.contains("moe_experts/expert_major"),
+                "{variants:?}"
+            );
         }
 
         let want = cpu.session().prefill(&prompt, LogitsMode::All).unwrap();

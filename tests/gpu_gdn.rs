@@ -55,8 +55,18 @@ fn causal_conv_matches_the_cpu_reference() {
                 let want = conv::causal_conv(&x, &mut cpu_window, &w, rows, kernel, dilation, silu);
                 let dx = gpu.upload(&x, "x").unwrap();
                 let mut dwin = gpu.upload(&window0, "window").unwrap();
-                let y = gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, rows, kernel, dilation, silu)
-                    .unwrap();
+                let y = gdn::causal_conv(
+                    &gpu,
+                    &dx,
+                    &mut dwin,
+                    &dw,
+                    rows,
+                    kernel,
+                    dilation,
+                    silu,
+                    conv_kernel(rows, kernel),
+                )
+                .unwrap();
                 let s = format!("T{rows} C{width} K{kernel} d{dilation} silu{}", silu as u8);
                 // Up to 8 rows: causal_conv_step_f32 (one launch); more: the convolution (a thread
                 // per channel and run of rows up to 8 taps, else per value), then the shift.
@@ -80,8 +90,18 @@ fn causal_conv_matches_the_cpu_reference() {
                 let x = random_scaled(&mut rng, width, 1.0);
                 let want = conv::causal_conv(&x, &mut cpu_window, &w, 1, kernel, dilation, silu);
                 let dx = gpu.upload(&x, "x").unwrap();
-                let y =
-                    gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 1, kernel, dilation, silu).unwrap();
+                let y = gdn::causal_conv(
+                    &gpu,
+                    &dx,
+                    &mut dwin,
+                    &dw,
+                    1,
+                    kernel,
+                    dilation,
+                    silu,
+                    conv_kernel(1, kernel),
+                )
+                .unwrap();
                 let s = format!(
                     "step {step} of 1 C{width} K{kernel} d{dilation} silu{}",
                     silu as u8
@@ -127,18 +147,51 @@ fn causal_conv_matches_the_cpu_reference() {
             let mut dwin = gpu.upload(&window0, "window").unwrap();
             let gpu_whole = down(
                 &gpu,
-                &gdn::causal_conv(&gpu, &dx, &mut dwin, &dw, 8, kernel, dilation, silu).unwrap(),
+                &gdn::causal_conv(
+                    &gpu,
+                    &dx,
+                    &mut dwin,
+                    &dw,
+                    8,
+                    kernel,
+                    dilation,
+                    silu,
+                    conv_kernel(8, kernel),
+                )
+                .unwrap(),
             );
             let gpu_whole_window = down(&gpu, &dwin);
             let (dx5, dx3) = (gpu.upload(x5, "x5").unwrap(), gpu.upload(x3, "x3").unwrap());
             let mut dwin = gpu.upload(&window0, "window").unwrap();
             let mut gpu_split = down(
                 &gpu,
-                &gdn::causal_conv(&gpu, &dx5, &mut dwin, &dw, 5, kernel, dilation, silu).unwrap(),
+                &gdn::causal_conv(
+                    &gpu,
+                    &dx5,
+                    &mut dwin,
+                    &dw,
+                    5,
+                    kernel,
+                    dilation,
+                    silu,
+                    conv_kernel(5, kernel),
+                )
+                .unwrap(),
             );
             gpu_split.extend(down(
                 &gpu,
-                &gdn::causal_conv(&gpu, &dx3, &mut dwin, &dw, 3, kernel, dilation, silu).unwrap(),
+                &gdn::causal_conv(
+                    &gpu,
+                    &dx3,
+                    &mut dwin,
+                    &dw,
+                    3,
+                    kernel,
+                    dilation,
+                    silu,
+                    conv_kernel(3, kernel),
+                )
+                .unwrap(),
             ));
             let gpu_split_window = down(&gpu, &dwin);
             report.same("causal_conv_reference_f32", &s, &gpu_split, &gpu_whole);
@@ -517,7 +570,14 @@ fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
         let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
         let name = format!("Kh{kh} Vh{vh} dk{dk} dv{dv} K{kernel}");
         assert!(
-            gdn::conv_normed_recurrence_fits(&gpu, &s, kernel, 8),
+            accepts(
+                "gdn_conv_normed_recurrence",
+                "fused",
+                &s,
+                kernel,
+                8,
+                gpu.counter_count()
+            ),
             "{name}"
         );
         let width = 2 * kh * dk + vh * dv;
@@ -586,6 +646,7 @@ fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
                     kernel,
                     1,
                     true,
+                    conv_kernel(rows, kernel),
                 )
                 .unwrap();
                 let unfused = gdn::gdn_normed_recurrence(
@@ -647,8 +708,8 @@ fn gdn_shape_errors_name_the_kernel() {
     let w = gpu.upload(&[1.0f32; 16 * 4], "w").unwrap();
     // Window for kernel 4, dilation 1 needs 3 rows of 16; give 2.
     let mut window = gpu.upload(&[0.0f32; 32], "window").unwrap();
-    let err =
-        gdn::causal_conv(&gpu, &x, &mut window, &w, 2, 4, 1, true).expect_err("a shape error");
+    let err = gdn::causal_conv(&gpu, &x, &mut window, &w, 2, 4, 1, true, conv_kernel(2, 4))
+        .expect_err("a shape error");
     assert!(
         err.to_string().contains("causal_conv_reference_f32"),
         "{err}"
@@ -667,8 +728,16 @@ fn gdn_shape_errors_name_the_kernel() {
     let qkv = gpu.upload(&vec![0.0f32; 2 * 1024 + 1], "qkv").unwrap();
     let one = gpu.upload(&[0.0f32], "one").unwrap();
     let mut state = gpu.upload(&vec![0.0f32; 1024], "state").unwrap();
-    let err = gdn::gdn_recurrence(&gpu, &qkv, given(&one, &one), &mut state, 1, &s)
-        .expect_err("a shape error: dk above the kernel's limit");
+    let err = gdn::gdn_recurrence_with(
+        &gpu,
+        &qkv,
+        given(&one, &one),
+        &mut state,
+        1,
+        &s,
+        GdnLayout::Block,
+    )
+    .expect_err("a shape error: dk above the kernel's limit");
     assert!(
         err.to_string().contains("gdn_recurrence_reference_f32"),
         "{err}"
@@ -677,7 +746,8 @@ fn gdn_shape_errors_name_the_kernel() {
     let s = GdnShape { key_dim: 256, ..s };
     let qkv = gpu.upload(&vec![0.0f32; 2 * 256 + 1], "qkv").unwrap();
     let mut state = gpu.upload(&vec![0.0f32; 256], "state").unwrap();
-    assert_eq!(GdnLayout::for_shape(&s), GdnLayout::Block);
+    assert!(!accepts("gdn_recurrence", "warp", &s, 0, 1, 0));
+    assert!(accepts("gdn_recurrence", "reference", &s, 0, 1, 0));
     let err = gdn::gdn_recurrence_with(
         &gpu,
         &qkv,
@@ -719,7 +789,7 @@ fn gdn_shape_errors_name_the_kernel() {
         key_dim: 16,
         value_dim: 129,
     };
-    assert!(!gdn::normed_recurrence_fits(&wide));
+    assert!(!accepts("gdn_normed_recurrence", "fused", &wide, 0, 1, 0));
     let err = normed(&wide, 129).expect_err("a shape error: dv above 128");
     assert!(
         err.to_string().contains("gdn_normed_recurrence_f32"),
@@ -729,7 +799,7 @@ fn gdn_shape_errors_name_the_kernel() {
         value_dim: 128,
         ..wide
     };
-    assert!(gdn::normed_recurrence_fits(&fits));
+    assert!(accepts("gdn_normed_recurrence", "fused", &fits, 0, 1, 0));
     let err = normed(&fits, 127).expect_err("a shape error: z is short");
     assert!(
         err.to_string().contains("gdn_normed_recurrence_f32"),
@@ -783,8 +853,23 @@ fn gdn_shape_errors_name_the_kernel() {
             .expect_err(&format!("a shape error: {what}"));
         assert!(err.to_string().contains(name), "{what}: {err}");
     }
-    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &s, 4, 9));
-    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &s, 9, 1));
+    let counters = gpu.counter_count();
+    assert!(!accepts(
+        "gdn_conv_normed_recurrence",
+        "fused",
+        &s,
+        4,
+        9,
+        counters
+    ));
+    assert!(!accepts(
+        "gdn_conv_normed_recurrence",
+        "fused",
+        &s,
+        9,
+        1,
+        counters
+    ));
     let nine = GdnShape {
         key_heads: 1,
         value_heads: 9,
@@ -797,9 +882,64 @@ fn gdn_shape_errors_name_the_kernel() {
         value_heads: gpu.counter_count() + 1,
         ..s
     };
-    assert!(!gdn::conv_normed_recurrence_fits(&gpu, &many, 4, 1));
+    assert!(!accepts(
+        "gdn_conv_normed_recurrence",
+        "fused",
+        &many,
+        4,
+        1,
+        counters
+    ));
     let err = conv_normed(&many, 1, 4, 3).expect_err("a shape error: too many key heads");
     assert!(err.to_string().contains(name), "{err}");
     conv_normed(&s, 8, 4, 3).expect("8 rows of 4 taps, 3 value heads a key head launch");
     gpu.sync("the fused convolution's shape checks").unwrap();
+}
+
+/// The convolution kernel the rules give `rows` rows of `taps` taps (`causal_conv.cuda_step`,
+/// `causal_conv.cuda_rows`).
+fn conv_kernel(rows: usize, taps: usize) -> gdn::ConvKernel {
+    if rows <= 8 {
+        gdn::ConvKernel::Step
+    } else if taps <= 8 {
+        gdn::ConvKernel::Rows
+    } else {
+        gdn::ConvKernel::Reference
+    }
+}
+
+/// Whether the CUDA variant `variant` of `op` accepts a node of head shape `s`, `taps` taps and
+/// `rows` rows on a device with `counters` arrival counters (`registry::cuda::gdn`).
+fn accepts(
+    op: &str,
+    variant: &str,
+    s: &GdnShape,
+    taps: usize,
+    rows: usize,
+    counters: usize,
+) -> bool {
+    use graphrun::registry::{self, DeviceFacts, NodeFacts};
+    let dims = [
+        ("key_heads", s.key_heads),
+        ("value_heads", s.value_heads),
+        ("key_dim", s.key_dim),
+        ("value_dim", s.value_dim),
+        ("kernel", taps),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let facts = NodeFacts {
+        op: "gdn",
+        tokens: rows,
+        step: rows,
+        dims,
+        weight: None,
+    };
+    let device = DeviceFacts {
+        arrival_counters: counters,
+        ..DeviceFacts::h200()
+    };
+    let v = registry::find(graphrun::ir::Device::Cuda, op, variant).expect("a registry variant");
+    (v.accepts)(&facts, &device).is_ok()
 }

@@ -270,7 +270,7 @@ fn kernels_match_the_cpu_reference() {
             let want = linear::linear_hc_write(&h, &inj, &x, &wv, t, c);
             let got = gpu
                 .download(
-                    &launch::linear_hc_write(&gpu, &dh, &dinj, &dx, &dw, t, c).unwrap(),
+                    &launch::linear_hc_write(&gpu, &dh, &dinj, &dx, &dw, t, c, None).unwrap(),
                     "y",
                 )
                 .unwrap();
@@ -284,17 +284,8 @@ fn kernels_match_the_cpu_reference() {
                 for v in OneToken::ALL {
                     let got = gpu
                         .download(
-                            &launch::linear::linear_hc_write_with(
-                                &gpu,
-                                &dh,
-                                &dinj,
-                                &dx,
-                                &dw,
-                                t,
-                                c,
-                                Some(v),
-                            )
-                            .unwrap(),
+                            &launch::linear_hc_write(&gpu, &dh, &dinj, &dx, &dw, t, c, Some(v))
+                                .unwrap(),
                             "y",
                         )
                         .unwrap();
@@ -339,7 +330,8 @@ fn kernels_match_the_cpu_reference() {
                 })
                 .unzip();
             let refs: Vec<&DeviceMatrix> = mats.iter().collect();
-            let outs = launch::linear::linear_group(&gpu, &dx, &refs, t).unwrap();
+            let outs =
+                launch::linear::linear_group(&gpu, &dx, &refs, t, GroupKernel::EachRows).unwrap();
             for (p, (out, w)) in outs.iter().zip(&host).enumerate() {
                 let got = gpu.download(out, "y").unwrap();
                 report.check(
@@ -357,8 +349,7 @@ fn kernels_match_the_cpu_reference() {
             }
             let dtype = if bf16 { "bf16" } else { "f32" };
             // By blocks, whichever kernel the group would take.
-            let blocks =
-                launch::linear::linear_group_with(&gpu, &dx, &refs, t, GroupKernel::Blocks);
+            let blocks = launch::linear::linear_group(&gpu, &dx, &refs, t, GroupKernel::Blocks);
             for (p, out) in blocks.unwrap().iter().enumerate() {
                 let got = gpu.download(out, "y").unwrap();
                 let want = linear::rows(&x, &host[p], t, k, ns[p]);
@@ -371,8 +362,7 @@ fn kernels_match_the_cpu_reference() {
             }
             // Streamed (the parts' rows end to end, a warp per row): linear_rows1's sums, where
             // a lane holds its share of a row; refused elsewhere.
-            let streamed =
-                launch::linear::linear_group_with(&gpu, &dx, &refs, t, GroupKernel::Streamed);
+            let streamed = launch::linear::linear_group(&gpu, &dx, &refs, t, GroupKernel::Streamed);
             if !OneToken::Streamed.fits(k, mats[0].chunk_len()) {
                 assert!(streamed.is_err(), "streamed group took {s} {dtype}");
                 continue;
@@ -403,8 +393,9 @@ fn kernels_match_the_cpu_reference() {
         DeviceMatrix::Bf16(gpu.upload(&[0u16; 8], "w").unwrap()),
     ];
     let x4 = gpu.upload(&[1.0f32; 4], "x").unwrap();
-    let err = launch::linear::linear_group(&gpu, &x4, &[&mixed[0], &mixed[1]], 1)
-        .expect_err("parts of two weight types");
+    let err =
+        launch::linear::linear_group(&gpu, &x4, &[&mixed[0], &mixed[1]], 1, GroupKernel::Blocks)
+            .expect_err("parts of two weight types");
     assert!(err.to_string().contains("linear_parts1_f32"), "{err}");
 
     // The MoE block's end (shared expert down projection, gate, sum, residual write): tiny odd
@@ -505,7 +496,7 @@ fn kernels_match_the_cpu_reference() {
     // Expected: about 2e-6 relative (the split leaves |x - hi - lo| <= 2^-18 |x| per product,
     // about 2.1e-6 RMS on uniform inputs; the tensor cores accumulate in f32), under the f32
     // bound. Each output starts as NaN (an arena slot filled with NaN): an unwritten value fails.
-    // k % 8 != 0 and f32 weights go to linear_tiled.
+    // k % 8 != 0 and f32 weights are refused (the schedule gives them linear_tiled).
     let mma_tile = |dx: &CudaSlice<f32>, dw: &DeviceMatrix, t: usize, k: usize, n: usize, tile| {
         let poison = gpu.upload(&vec![f32::NAN; t * n], "poison").unwrap();
         gpu.set_slots(&[(poison.device_ptr(&gpu.stream).0, t * n * 4)]);
@@ -558,22 +549,21 @@ fn kernels_match_the_cpu_reference() {
         let got = mma_tile(&dx, &dw, t, k, n, MmaTile::Wide);
         report.check("linear_mma_wide_bf16", &s, &got, &want);
     }
+    // Shapes the tensor-core tiles do not take are refused, never handed to another kernel.
     for (t, k, n, bf16) in [(9, 37, 53, true), (65, 40, 19, false)] {
         let x = random(&mut rng, t * k);
         let w = random(&mut rng, n * k);
         let dx = gpu.upload(&x, "x").unwrap();
-        let (dw, want, what) = if bf16 {
-            let bits = bf16_bits(&w);
-            let want = linear::tiled(&x, &widen(&bits), t, k, n);
-            let dw = DeviceMatrix::Bf16(gpu.upload(&bits, "w").unwrap());
-            (dw, want, "linear_mma (k % 8 != 0: tiled)")
+        let dw = if bf16 {
+            DeviceMatrix::Bf16(gpu.upload(&bf16_bits(&w), "w").unwrap())
         } else {
-            let want = linear::tiled(&x, &w, t, k, n);
-            let dw = DeviceMatrix::F32(gpu.upload(&w, "w").unwrap());
-            (dw, want, "linear_mma (f32 weights: tiled)")
+            DeviceMatrix::F32(gpu.upload(&w, "w").unwrap())
         };
-        let got = mma(&dx, &dw, t, k, n);
-        report.check(what, &format!("T{t} {k}->{n}"), &got, &want);
+        for tile in MmaTile::ALL {
+            let err = launch::linear::linear_mma_with(&gpu, &dx, &dw, t, k, n, tile)
+                .expect_err("a shape the tensor-core tiles do not take");
+            assert!(err.to_string().contains("_bf16"), "T{t} {k}->{n}: {err}");
+        }
     }
 
     // Embedding gathers: tiny, and the real vocabulary (248320 x 2560, bf16) and PLE lookup shape.
@@ -688,9 +678,14 @@ fn shape_errors_name_the_kernel() {
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 2048, 3).expect_err("a shape error");
-    // One token: few rows of a long k take a block per row, a short k a warp per row.
+    assert!(err.to_string().contains("linear_rows_f32"), "{err}");
+    // One token, by the variant given: a block per row, a warp per row.
+    let block = OneToken::from_variant("group1_g1u4").unwrap();
+    let err =
+        launch::linear::linear_one_token(&gpu, &x, &w, 2048, 3, block).expect_err("a shape error");
     assert!(err.to_string().contains("linear_group1_g1u4_f32"), "{err}");
-    let err = launch::linear_rows(&gpu, &x, &w, 1, 10, 2000).expect_err("a shape error");
+    let err = launch::linear::linear_one_token(&gpu, &x, &w, 10, 2000, OneToken::WarpPerRow)
+        .expect_err("a shape error");
     assert!(err.to_string().contains("linear_rows1_f32"), "{err}");
     let x8 = gpu.upload(&[1.0f32; 20], "x").unwrap();
     let err = launch::linear_rows(&gpu, &x8, &w, 2, 10, 3).expect_err("a shape error");
@@ -747,4 +742,50 @@ fn device_argmax_is_the_samplers_choice() {
     let empty = gpu.upload(&[1.0f32], "x").unwrap();
     let err = argmax_row(&gpu, &mut key, &empty.slice(0..0)).expect_err("an empty row");
     assert!(err.to_string().contains("argmax_row_f32"), "{err}");
+}
+
+/// Every kernel the real config's and the tiny model's CUDA programs name (decode and prefill at
+/// token counts on both sides of the rules' thresholds, f32 and bf16 matrices) is a kernel of
+/// exactly one of `kernels/*.cu` and loads: the registry names no kernel that does not exist.
+#[test]
+fn every_kernel_the_programs_name_exists_and_loads() {
+    use graphrun::ir::{Device, LogitsMode, Phase};
+    use graphrun::lower::{lower, GraphSet, LowerOptions};
+    use graphrun::plan::ModelPlan;
+    use graphrun::registry::WeightFormat;
+    let Some(gpu) = gpu_or_skip() else { return };
+    let graphs = GraphSet::embedded().unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for config in [
+        "tests/data/configs/qwen3.8-flash-next.json",
+        "models/tiny-qwen4exp/config.json",
+    ] {
+        let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
+        for (phase, tokens) in [
+            (Phase::Decode, 1),
+            (Phase::Prefill, 8),
+            (Phase::Prefill, 9),
+            (Phase::Prefill, 64),
+        ] {
+            for format in [WeightFormat::F32, WeightFormat::Bf16] {
+                let opts = LowerOptions {
+                    device: Device::Cuda,
+                    weight_format: Some(format),
+                    ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+                };
+                let p = lower(&plan, &graphs, &opts).unwrap().program;
+                names.extend(p.nodes.iter().flat_map(|n| n.kernels.iter().cloned()));
+            }
+        }
+    }
+    names.remove("cuMemcpyDtoD");
+    let files: Vec<&str> = graphrun::exec::cuda::kernels::files().collect();
+    for name in &names {
+        let found: Vec<&&str> = files
+            .iter()
+            .filter(|f| gpu.function(f, name).is_ok())
+            .collect();
+        assert_eq!(found.len(), 1, "kernel {name} is in {found:?}");
+    }
+    assert!(names.len() > 60, "only {} kernels named", names.len());
 }

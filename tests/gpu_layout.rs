@@ -187,7 +187,7 @@ fn layout_kernels_match_the_cpu_reference() {
                 &s,
                 &get(
                     &gpu,
-                    &layout::hc_mix(&gpu, &dhn, &dd, &du, rows, c).unwrap(),
+                    &layout::hc_mix(&gpu, &dhn, &dd, &du, rows, c, rows <= 8).unwrap(),
                 ),
                 &hyper::hc_mix(&hn, &rd, &ru, rows, c),
             );
@@ -195,7 +195,10 @@ fn layout_kernels_match_the_cpu_reference() {
             report.check(
                 &format!("hc_inject_{}", dtype(bf16)),
                 &s,
-                &get(&gpu, &layout::hc_inject(&gpu, &dhn, &di, rows, c).unwrap()),
+                &get(
+                    &gpu,
+                    &layout::hc_inject(&gpu, &dhn, &di, rows, c, rows <= 8).unwrap(),
+                ),
                 &hyper::hc_inject(&hn, &ri, rows, c),
             );
             // The fused read with its RMS norm, `hn` taken as the raw residual h: a norm weight
@@ -211,10 +214,10 @@ fn layout_kernels_match_the_cpu_reference() {
                 let hn_norm = launch::rms_norm(&gpu, &dhn, &dnorm, h, true, 1e-6).unwrap();
                 let unfused_exit = get(
                     &gpu,
-                    &layout::hc_mix(&gpu, &hn_norm, &dd, &du, rows, c).unwrap(),
+                    &layout::hc_mix(&gpu, &hn_norm, &dd, &du, rows, c, rows <= 8).unwrap(),
                 );
                 // Every first-kernel variant (outputs a block), the executor's
-                // (HcReadAct::CHOSEN) among them.
+                // (the rules' `s2`) among them.
                 for v in HcReadAct::ALL {
                     let (x, inj) =
                         layout::hc_read(&gpu, &dhn, &dnorm, &dd, &du, Some(&di), rows, c, 1e-6, v)
@@ -268,7 +271,7 @@ fn layout_kernels_match_the_cpu_reference() {
                 &format!("T{rows} {k}->{n}"),
                 &get(
                     &gpu,
-                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n, rows == 1).unwrap(),
                 ),
                 &linear::swiglu(&x, &rg, &ru, rows, k, n),
             );
@@ -276,12 +279,12 @@ fn layout_kernels_match_the_cpu_reference() {
             if rows == 1 {
                 let plain = get(
                     &gpu,
-                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n, rows == 1).unwrap(),
                 );
                 gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead = get(
                     &gpu,
-                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n).unwrap(),
+                    &layout::swiglu(&gpu, &dx, &dg, &du, rows, k, n, rows == 1).unwrap(),
                 );
                 report.same(
                     &format!("swiglu_linear_block_{} ahead", dtype(bf16)),
@@ -425,8 +428,13 @@ fn ple_mix_unfused(
     let query = launch::rms_norm(gpu, h, &norms[1], hid, true, eps).unwrap();
     let gv = layout::ple_gate(gpu, &key, &query, value, s.rows, s.streams).unwrap();
     let gv_norm = launch::rms_norm(gpu, &gv, &norms[2], hid, true, eps).unwrap();
+    let how = if s.rows <= 8 {
+        launch::gdn::ConvKernel::Step
+    } else {
+        launch::gdn::ConvKernel::Reference
+    };
     let conv = launch::gdn::causal_conv(
-        gpu, &gv_norm, window, conv_w, s.rows, s.kernel, s.dilation, true,
+        gpu, &gv_norm, window, conv_w, s.rows, s.kernel, s.dilation, true, how,
     )
     .unwrap();
     let out = launch::add(gpu, &gv, &conv).unwrap();
@@ -559,7 +567,7 @@ fn layout_shape_errors_name_the_kernel() {
     let err = layout::slice_cols(&gpu, &x, 2, 4, 3).expect_err("a shape error");
     assert!(err.to_string().contains("slice_reference_f32"), "{err}");
 
-    let err = layout::swiglu(&gpu, &x, &f32_w, &bf16_w, 3, 4, 3).expect_err("a shape error");
+    let err = layout::swiglu(&gpu, &x, &f32_w, &bf16_w, 3, 4, 3, false).expect_err("a shape error");
     assert!(
         err.to_string().contains("swiglu_linear_reference_f32"),
         "{err}"
@@ -567,7 +575,7 @@ fn layout_shape_errors_name_the_kernel() {
 
     // hn [1, 12], down [1, 12], up of 12 values where 12 are wanted: fine; 6 are not.
     let short = DeviceMatrix::Bf16(gpu.upload(&[0u16; 6], "up").unwrap());
-    let err = layout::hc_mix(&gpu, &x, &bf16_w, &short, 1, 4).expect_err("a shape error");
+    let err = layout::hc_mix(&gpu, &x, &bf16_w, &short, 1, 4, true).expect_err("a shape error");
     assert!(err.to_string().contains("hc_mix_gate_bf16"), "{err}");
 
     let err = layout::split_q_gate(&gpu, &x, 1, 2, 4).expect_err("a shape error");
@@ -614,7 +622,7 @@ fn layout_shape_errors_name_the_kernel() {
         1,
         4,
         1e-6,
-        HcReadAct::CHOSEN,
+        HcReadAct::from_variant("s2").unwrap(),
     )
     .expect_err("mixed weight types");
     assert!(err.to_string().contains("hc_read_gate_s_bf16"), "{err}");

@@ -141,7 +141,7 @@ fn zero_probability_logits(experts: usize) -> Vec<f32> {
 /// the narrow one holds the row (so bit-equal to each other), else by the wide one.
 fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
     let dl = gpu.upload(l, "logits").unwrap();
-    let forms = if RouterKernel::for_experts(experts) == RouterKernel::Narrow {
+    let forms = if experts <= RouterKernel::Narrow.max_experts() {
         vec![RouterKernel::Narrow, RouterKernel::Wide]
     } else {
         vec![RouterKernel::Wide]
@@ -153,7 +153,7 @@ fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k
         let shape = format!("{what} {rows}x{experts} top {k} norm {}", normalize as u8);
         let (want_ids, want_w) = moe::route(l, experts, k, normalize);
         let (exact_ids, exact_w) = route_device_exp(l, experts, k, normalize);
-        let (ids, w) = gmoe::moe_router_with(gpu, &dl, rows, experts, k, normalize, form).unwrap();
+        let (ids, w) = gmoe::moe_router(gpu, &dl, rows, experts, k, normalize, form).unwrap();
         let got_ids = gpu.download(&ids, "ids").unwrap();
         let got_w = gpu.download(&w, "weights").unwrap();
         assert_eq!(got_ids, exact_ids, "moe_router ids at {shape} (device exp)");
@@ -246,14 +246,14 @@ fn router_shape_errors_name_the_kernel() {
     let l = gpu.upload(&[0.0f32; 16], "logits").unwrap();
     for (rows, experts, k) in [(2, 8, 9), (3, 8, 2), (1, 16, 0)] {
         for form in [RouterKernel::Narrow, RouterKernel::Wide] {
-            let err = gmoe::moe_router_with(&gpu, &l, rows, experts, k, true, form)
+            let err = gmoe::moe_router(&gpu, &l, rows, experts, k, true, form)
                 .expect_err("a shape error");
             assert!(err.to_string().contains(form.name()), "{err}");
         }
     }
     // More experts than the block holds: 1 a thread (narrow), 4 (wide).
     let l = gpu.upload(&vec![0.0f32; 1025], "logits").unwrap();
-    let err = gmoe::moe_router_with(&gpu, &l, 1, 1025, 10, true, RouterKernel::Narrow)
+    let err = gmoe::moe_router(&gpu, &l, 1, 1025, 10, true, RouterKernel::Narrow)
         .expect_err("a shape error");
     assert!(
         err.to_string().contains("moe_router_narrow_f32")
@@ -261,7 +261,8 @@ fn router_shape_errors_name_the_kernel() {
         "{err}"
     );
     let l = gpu.upload(&vec![0.0f32; 4097], "logits").unwrap();
-    let err = gmoe::moe_router(&gpu, &l, 1, 4097, 10, true).expect_err("a shape error");
+    let err = gmoe::moe_router(&gpu, &l, 1, 4097, 10, true, RouterKernel::Wide)
+        .expect_err("a shape error");
     assert!(
         err.to_string().contains("moe_router_reference_f32")
             && err.to_string().contains("4097 experts"),
@@ -395,7 +396,7 @@ fn experts_match_the_reference() {
                 let dw = gpu.upload(&w, "w").unwrap();
                 let want = moe::token_major(&x, &ids, &w, rows, k, &reference);
                 let y =
-                    gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
+                    moe_experts_as_ruled(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
                         .unwrap();
                 let got = gpu.download(&y, "y").unwrap();
                 let shape = format!("T{rows} E{experts} H{hidden} I{inter} top {k}");
@@ -435,7 +436,7 @@ fn experts_match_the_reference() {
                 // Running ahead (its inputs are complete: uploads): the same bits.
                 gpu.set_ready_inputs(ReadyInputs::ALL);
                 let ahead =
-                    gmoe::moe_experts(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
+                    moe_experts_as_ruled(&gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter)
                         .unwrap();
                 assert_eq!(
                     bits(&gpu.download(&ahead, "y").unwrap()),
@@ -446,9 +447,11 @@ fn experts_match_the_reference() {
                 // The real path: routed on the device, the ids never leave it.
                 if rows == 8 || rows == 3 {
                     let dl = gpu.upload(&l, "logits").unwrap();
-                    let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
+                    let (ri, rw) =
+                        gmoe::moe_router(&gpu, &dl, rows, experts, k, true, ruled_router(experts))
+                            .unwrap();
                     assert_eq!(gpu.download(&ri, "ids").unwrap(), ids);
-                    let y = gmoe::moe_experts(
+                    let y = moe_experts_as_ruled(
                         &gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter,
                     )
                     .unwrap();
@@ -456,13 +459,15 @@ fn experts_match_the_reference() {
                     check(kernel, &format!("{shape} (device route)"), &got, &want);
                     // As in a decode step: the router, another node (the shared expert's
                     // gate and up), then the experts running ahead of that node.
-                    let (ri, rw) = gmoe::moe_router(&gpu, &dl, rows, experts, k, true).unwrap();
+                    let (ri, rw) =
+                        gmoe::moe_router(&gpu, &dl, rows, experts, k, true, ruled_router(experts))
+                            .unwrap();
                     let (sg, _) = bank(&gpu, random_scaled(&mut rng, 64 * hidden, 0.1), bf16);
                     let (su, _) = bank(&gpu, random_scaled(&mut rng, 64 * hidden, 0.1), bf16);
                     let x0 = gpu.upload(&x[..hidden], "x row").unwrap();
-                    let _shared = layout::swiglu(&gpu, &x0, &sg, &su, 1, hidden, 64).unwrap();
+                    let _shared = layout::swiglu(&gpu, &x0, &sg, &su, 1, hidden, 64, true).unwrap();
                     gpu.set_ready_inputs(ReadyInputs::ALL);
-                    let y = gmoe::moe_experts(
+                    let y = moe_experts_as_ruled(
                         &gpu, &dx, &ri, &rw, &dgu, &ddown, rows, k, hidden, inter,
                     )
                     .unwrap();
@@ -483,7 +488,7 @@ fn experts_match_the_reference() {
     bad_id_poisons_only_its_row(
         &gpu,
         &mut rng,
-        gmoe::moe_experts,
+        moe_experts_as_ruled,
         "moe_experts_*_f32",
         false,
     );
@@ -556,7 +561,19 @@ fn experts_expert_major_match_the_reference() {
                     );
                     let run = || {
                         let y = gmoe::moe_experts_expert_major(
-                            &gpu, &dx, &di, &dw, &dgu, &ddown, rows, k, hidden, inter,
+                            &gpu,
+                            &dx,
+                            &di,
+                            &dw,
+                            &dgu,
+                            &ddown,
+                            rows,
+                            k,
+                            hidden,
+                            inter,
+                            gmoe::expert_major_on_tensor_cores(
+                                &gpu, &dx, &dgu, &ddown, hidden, inter,
+                            ),
                         )
                         .unwrap();
                         gpu.download(&y, "y").unwrap()
@@ -583,14 +600,18 @@ fn experts_expert_major_match_the_reference() {
     bad_id_poisons_only_its_row(
         &gpu,
         &mut rng,
-        gmoe::moe_experts_expert_major,
+        |g, x, i, w, gu, d, r, k, h, n| {
+            gmoe::moe_experts_expert_major(g, x, i, w, gu, d, r, k, h, n, false)
+        },
         "moe_experts_expert_major_*_f32",
         false,
     );
     bad_id_poisons_only_its_row(
         &gpu,
         &mut rng,
-        gmoe::moe_experts_expert_major,
+        |g, x, i, w, gu, d, r, k, h, n| {
+            gmoe::moe_experts_expert_major(g, x, i, w, gu, d, r, k, h, n, true)
+        },
         "moe_experts_expert_major_*_mma_bf16",
         true,
     );
@@ -605,11 +626,11 @@ fn experts_shape_errors_name_the_kernel() {
     let w = gpu.upload(&[0.5f32; 2], "w").unwrap();
     let gu = DeviceMatrix::F32(gpu.upload(&[1.0f32; 2 * 2 * 4 * 2], "gate_up").unwrap());
     let down = DeviceMatrix::Bf16(gpu.upload(&[0u16; 2 * 4 * 2 + 1], "down").unwrap());
-    let err =
-        gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2).expect_err("a shape error");
+    let err = moe_experts_as_ruled(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2)
+        .expect_err("a shape error");
     assert!(err.to_string().contains("moe_experts_down_bf16"), "{err}");
-    let err =
-        gmoe::moe_experts(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3).expect_err("a shape error");
+    let err = moe_experts_as_ruled(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3)
+        .expect_err("a shape error");
     assert!(err.to_string().contains("moe_experts_gate_up_f32"), "{err}");
     // Rows of 4 do not split into the rows form's blocks of 8.
     let good_down = DeviceMatrix::F32(gpu.upload(&[1.0f32; 2 * 4 * 2], "down").unwrap());
@@ -619,15 +640,39 @@ fn experts_shape_errors_name_the_kernel() {
         err.to_string().contains("moe_experts_down_rows_f32"),
         "{err}"
     );
-    let err = gmoe::moe_experts_expert_major(&gpu, &x, &ids, &w, &gu, &down, 2, 1, 4, 2)
-        .expect_err("a shape error");
+    let err = gmoe::moe_experts_expert_major(
+        &gpu,
+        &x,
+        &ids,
+        &w,
+        &gu,
+        &down,
+        2,
+        1,
+        4,
+        2,
+        gmoe::expert_major_on_tensor_cores(&gpu, &x, &gu, &down, 4, 2),
+    )
+    .expect_err("a shape error");
     assert!(
         err.to_string()
             .contains("moe_experts_expert_major_down_bf16"),
         "{err}"
     );
-    let err = gmoe::moe_experts_expert_major(&gpu, &x, &ids, &w, &gu, &down, 1, 2, 4, 3)
-        .expect_err("a shape error");
+    let err = gmoe::moe_experts_expert_major(
+        &gpu,
+        &x,
+        &ids,
+        &w,
+        &gu,
+        &down,
+        1,
+        2,
+        4,
+        3,
+        gmoe::expert_major_on_tensor_cores(&gpu, &x, &gu, &down, 4, 3),
+    )
+    .expect_err("a shape error");
     assert!(
         err.to_string()
             .contains("moe_experts_expert_major_gate_up_f32"),
@@ -964,4 +1009,41 @@ fn ple_embed_matches_the_reference_over_steps() {
         "{err}"
     );
     gpu.sync("the PLE gather checks").unwrap();
+}
+
+/// The router the rules give `experts` experts (`moe_router.cuda_narrow`).
+fn ruled_router(experts: usize) -> RouterKernel {
+    if experts <= RouterKernel::Narrow.max_experts() {
+        RouterKernel::Narrow
+    } else {
+        RouterKernel::Wide
+    }
+}
+
+/// The token-major experts with the down kernel the rules give the shape
+/// (`moe.cuda_token_major_rows`: rows a block where the registry's `token_major_rows` accepts it).
+#[allow(clippy::too_many_arguments)]
+fn moe_experts_as_ruled(
+    gpu: &Gpu,
+    x: &cudarc::driver::CudaSlice<f32>,
+    ids: &cudarc::driver::CudaSlice<i64>,
+    w: &cudarc::driver::CudaSlice<f32>,
+    gate_up: &DeviceMatrix,
+    down: &DeviceMatrix,
+    rows: usize,
+    top_k: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<graphrun::exec::cuda::device::Buf<f32>, graphrun::exec::cuda::CudaError> {
+    let by_rows = graphrun::registry::cuda::moe::down_rows_fits(top_k, hidden, intermediate);
+    gmoe::moe_experts_with_down(
+        gpu,
+        x,
+        ids,
+        w,
+        gate_up,
+        down,
+        [rows, top_k, hidden, intermediate],
+        by_rows,
+    )
 }

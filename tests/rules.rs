@@ -3,10 +3,11 @@
 
 mod common;
 
-use graphrun::ir::{LogitsMode, Phase};
+use graphrun::ir::{Device, LogitsMode, Phase, Program};
 use graphrun::lower::{lower, GraphSet, LowerError, LowerOptions};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
+use graphrun::registry::{DeviceFacts, WeightFormat};
 
 fn tiny_plan() -> ModelPlan {
     ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap()
@@ -89,6 +90,211 @@ fn rules_choose_variants_by_token_count() {
         (moe.rule.as_str(), moe.variant.as_str()),
         ("default", "token_major")
     );
+    assert_eq!(moe.kernels, ["ops::moe::token_major"]);
+}
+
+fn real_plan() -> ModelPlan {
+    ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+        .unwrap()
+}
+
+fn cuda_decode(
+    graphs: &GraphSet,
+    format: WeightFormat,
+    facts: DeviceFacts,
+) -> Result<Program, LowerError> {
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        weight_format: Some(format),
+        device_facts: Some(facts),
+        ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+    };
+    lower(&real_plan(), graphs, &opts).map(|l| l.program)
+}
+
+fn node<'a>(p: &'a Program, name: &str) -> &'a graphrun::ir::Node {
+    p.nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("no node {name}"))
+}
+
+/// Rules see the node's own shape and weight format: the lm head (2560 -> 248320) streams in
+/// bf16, where a lane holds its row, and takes a warp per row in f32, where it does not; the
+/// router's 512 rows take a block per row; and each names the kernel it launches.
+#[test]
+fn rules_choose_by_the_node_shape_and_name_the_kernel() {
+    let g = GraphSet::embedded().unwrap();
+    let bf16 = cuda_decode(&g, WeightFormat::Bf16, DeviceFacts::h200()).unwrap();
+    let head = node(&bf16, "lm_head.logits");
+    assert_eq!(
+        (
+            head.variant.as_str(),
+            head.rule.as_str(),
+            head.kernels.as_slice()
+        ),
+        (
+            "rows1_stream",
+            "linear.one_token_streamed",
+            &["linear_rows1_stream_bf16".to_string()][..]
+        )
+    );
+    let f32 = cuda_decode(&g, WeightFormat::F32, DeviceFacts::h200()).unwrap();
+    let head = node(&f32, "lm_head.logits");
+    assert_eq!(
+        (
+            head.variant.as_str(),
+            head.rule.as_str(),
+            head.kernels.as_slice()
+        ),
+        (
+            "rows1",
+            "linear.one_token",
+            &["linear_rows1_f32".to_string()][..]
+        )
+    );
+    let router = node(&bf16, "blk.0.moe.router_logits");
+    assert_eq!(
+        (router.variant.as_str(), router.rule.as_str()),
+        ("group1_g1u4", "linear.one_token_few_rows")
+    );
+    // Every CUDA node names at least one kernel; no node is left to the launcher.
+    assert!(bf16.nodes.iter().all(|n| !n.kernels.is_empty()));
+    // In a prefill of 4 tokens the lm head sees one row (after `LastRow`) and streams; the
+    // other linears see 4 and take a warp per row, every token in the warp.
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        ..LowerOptions::new(Phase::Prefill, 4, LogitsMode::Last)
+    };
+    let p = lower(&real_plan(), &g, &opts).unwrap().program;
+    assert_eq!(node(&p, "lm_head.logits").variant, "rows1_stream");
+    assert!(p
+        .nodes
+        .iter()
+        .filter(|n| n.op.kind() == "linear" && n.name != "lm_head.logits")
+        .all(|n| n.variant == "rows" && n.rule == "linear.cuda_rows"));
+}
+
+/// A choice whose kernel does not accept the node fails the lowering, naming the node, the rule
+/// and the kernel's limit; a refused override leaves nothing half-lowered.
+#[test]
+fn a_kernel_that_does_not_accept_the_node_is_refused_at_lowering() {
+    let g = GraphSet::embedded().unwrap();
+    // f32 rows of 2560 do not fit the streamed kernels' registers.
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        weight_format: Some(WeightFormat::F32),
+        overrides: vec!["linear.one_token_few_rows=rows1_stream".parse().unwrap()],
+        ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+    };
+    let err = lower(&real_plan(), &g, &opts).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, LowerError::Refused { .. }), "{msg}");
+    assert!(
+        msg.contains("node `blk.0.moe.router_logits`")
+            && msg.contains("rule `linear.one_token_few_rows`")
+            && msg.contains("linear_rows1_stream_f32")
+            && msg.contains("whole 16-byte chunks"),
+        "{msg}"
+    );
+    // The tensor-core tiles take bf16 weights only.
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        weight_format: Some(WeightFormat::F32),
+        overrides: vec!["linear.cuda_tiled=mma".parse().unwrap()],
+        ..LowerOptions::new(Phase::Prefill, 64, LogitsMode::Last)
+    };
+    let msg = lower(&real_plan(), &g, &opts).unwrap_err().to_string();
+    assert!(
+        msg.contains("rule `linear.cuda_tiled`") && msg.contains("bf16"),
+        "{msg}"
+    );
+}
+
+/// A rule may test the device: on a device of few multiprocessors the rule below applies, on an
+/// H200 it does not. A rule that tests a dimension its op's nodes lack is an error naming it.
+#[test]
+fn rules_see_the_device_and_name_unknown_dimensions() {
+    let dir = graphs_copy("device");
+    let rules = std::fs::read_to_string(dir.join("rules.ron")).unwrap();
+    let extra = r#"  (name: "linear.small_gpu", op: "linear", when: (device: Cuda, tokens: (max: 1), sms: (max: 100)), variant: "rows1", priority: 99),
+]"#;
+    let edited = rules.trim_end().strip_suffix(']').unwrap().to_string() + extra;
+    std::fs::write(dir.join("rules.ron"), &edited).unwrap();
+    let g = GraphSet::load_dir(&dir).unwrap();
+    let small = cuda_decode(&g, WeightFormat::Bf16, DeviceFacts::cuda(90, 80)).unwrap();
+    let h200 = cuda_decode(&g, WeightFormat::Bf16, DeviceFacts::h200()).unwrap();
+    assert_eq!(node(&small, "lm_head.logits").rule, "linear.small_gpu");
+    assert_eq!(
+        node(&h200, "lm_head.logits").rule,
+        "linear.one_token_streamed"
+    );
+
+    let typo = rules.trim_end().strip_suffix(']').unwrap().to_string()
+        + r#"  (name: "linear.typo", op: "linear", when: (dims: {"rowz": (max: 4)}), variant: "rows", priority: 99),
+]"#;
+    std::fs::write(dir.join("rules.ron"), typo).unwrap();
+    let g = GraphSet::load_dir(&dir).unwrap();
+    let msg = cuda_decode(&g, WeightFormat::Bf16, DeviceFacts::h200())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("rule `linear.typo`")
+            && msg.contains("tests `rowz`")
+            && msg.contains("row_chunks"),
+        "{msg}"
+    );
+}
+
+/// A rule marked `where_accepted` applies only where its kernels take the node: attention's
+/// split kernels take up to 16 query heads a kv head; the real config's QSA has 16, a config with
+/// more gets the reference kernels, visibly, by the default rule.
+#[test]
+fn where_accepted_rules_fall_through_visibly() {
+    let g = GraphSet::embedded().unwrap();
+    let p = cuda_decode(&g, WeightFormat::Bf16, DeviceFacts::h200()).unwrap();
+    let att = p
+        .nodes
+        .iter()
+        .find(|n| n.op.kind() == "gated_attention")
+        .unwrap();
+    assert_eq!(
+        (att.variant.as_str(), att.rule.as_str()),
+        ("split", "gated_attention.cuda_split")
+    );
+    let text =
+        std::fs::read_to_string(common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = &mut json["text_config"];
+    let kv = cfg["num_key_value_heads"].as_u64().unwrap();
+    cfg["num_attention_heads"] = serde_json::json!(kv * 32);
+    let dir = common::temp_dir("wide-gqa");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&json).unwrap(),
+    )
+    .unwrap();
+    let plan = ModelPlan::from_file(&dir.join("config.json")).unwrap();
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+    };
+    let p = lower(&plan, &g, &opts).unwrap().program;
+    let att = p
+        .nodes
+        .iter()
+        .find(|n| n.op.kind() == "gated_attention")
+        .unwrap();
+    assert_eq!(
+        (att.variant.as_str(), att.rule.as_str()),
+        ("reference", "default")
+    );
+    assert!(att
+        .kernels
+        .iter()
+        .any(|k| k == "attention_reference_gated_f32"));
 }
 
 #[test]
@@ -130,7 +336,7 @@ fn overrides_replace_or_disable_a_rule() {
 fn overlapping_rules_are_refused() {
     let dir = graphs_copy("overlap");
     let rules = std::fs::read_to_string(dir.join("rules.ron")).unwrap();
-    let extra = r#"  (name: "linear.clash", op: "linear", when: (min_tokens: Some(4)), variant: "rows", priority: 10),
+    let extra = r#"  (name: "linear.clash", op: "linear", when: (tokens: (min: 4)), variant: "rows", priority: 10),
 ]"#;
     let edited = rules.trim_end().strip_suffix(']').unwrap().to_string() + extra;
     std::fs::write(dir.join("rules.ron"), edited).unwrap();

@@ -6,9 +6,10 @@ mod common;
 use graphrun::exec::{cpu, SessionState};
 use graphrun::ir::{Device, LogitsMode, Phase};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
-use graphrun::ops::{self, linear, moe};
+use graphrun::ops::{linear, moe};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
+use graphrun::registry;
 use graphrun::synth;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -27,53 +28,26 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
-/// The op kinds with more than one variant, each with a direct check. Adding a variant to
-/// `ops::variants` without adding its check here fails `all_multi_variant_ops_are_covered`.
+/// The op kinds with more than one CPU variant, each with a direct check. Adding a CPU variant to
+/// `registry::cpu` without adding its check here fails `all_multi_variant_ops_are_covered`.
 const COVERED: &[&str] = &["linear", "moe_experts"];
 
 #[test]
 fn all_multi_variant_ops_are_covered() {
-    let kinds = [
-        "embed",
-        "embed_streams",
-        "repeat_streams",
-        "rms_norm",
-        "linear",
-        "div_by",
-        "mul_by",
-        "silu",
-        "sigmoid",
-        "mul",
-        "add",
-        "slice",
-        "stream_mean",
-        "hc_write",
-        "causal_conv",
-        "gdn_gates",
-        "gdn_recurrence",
-        "gated_rms_norm",
-        "split_q_gate",
-        "rope",
-        "indexer_select",
-        "attention",
-        "moe_router",
-        "moe_experts",
-        "ple_ngram_ids",
-        "ple_embed",
-        "ple_gate",
-        "last_row",
-        "swiglu_linear",
-        "hc_mix",
-        "hc_inject",
-    ];
-    for k in kinds {
-        assert!(!ops::variants(k).is_empty(), "{k} has no variant");
-        if ops::variants(k).len() > 1 {
+    for family in registry::all(Device::Cpu) {
+        let op = family[0].op;
+        if family.len() > 1 {
             assert!(
-                COVERED.contains(&k),
-                "variants of {k} have no direct check in tests/variants.rs"
+                COVERED.contains(&op),
+                "variants of {op} have no direct check in tests/variants.rs"
             );
         }
+    }
+    for k in graphrun::ir::op::KINDS {
+        assert!(
+            !registry::variants(Device::Cpu, k).is_empty(),
+            "{k} has no variant"
+        );
     }
 }
 
@@ -93,7 +67,7 @@ fn linear_variants_match_reference() {
                 assert!((reference[tt * n + r] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()));
             }
         }
-        for variant in ops::variants("linear") {
+        for variant in registry::names(Device::Cpu, "linear") {
             let got = linear::by_variant(variant, &x, &w, t, k, n);
             assert!(
                 max_rel(&got, &reference) <= TOLERANCE,
@@ -119,8 +93,8 @@ fn moe_variants_match_reference() {
             intermediate: i,
         };
         let reference = moe::token_major(&x, &ids, &w, t, k, &bank);
-        for variant in ops::variants("moe_experts") {
-            let got = match *variant {
+        for variant in registry::names(Device::Cpu, "moe_experts") {
+            let got = match variant {
                 "expert_major" => moe::expert_major(&x, &ids, &w, t, k, &bank),
                 _ => moe::token_major(&x, &ids, &w, t, k, &bank),
             };
@@ -173,7 +147,7 @@ fn every_rule_and_variant_in_whole_programs() {
         .iter()
         .filter(|r| r.when.device.is_none_or(|d| d == Device::Cpu));
     for rule in cpu_rules {
-        for variant in ops::variants(&rule.op) {
+        for variant in registry::names(Device::Cpu, &rule.op) {
             let (got, used) = run(vec![RuleOverride {
                 rule: rule.name.clone(),
                 variant: Some(variant.to_string()),

@@ -1,7 +1,7 @@
 //! Every one-token linear variant (`launch::linear::OneToken`) on every one-token matrix shape of
 //! the decode program, and every variant of the fused hyper-connection read
 //! (`launch::layout::HcReadAct`), each timed alone: which variant a shape should take, from
-//! measurement.
+//! measurement. [`proposed_rules`] writes what the timings imply as rules for `graphs/rules.ron`.
 //!
 //! A shape's launches run back to back (queued behind a spinning kernel, with programmatic
 //! launch as in a step) over enough copies of the matrix that none is still in L2 when it comes
@@ -15,7 +15,7 @@ use super::fraction;
 use crate::error::Result;
 use crate::exec::cuda::launch::layout::{hc_read, HcReadAct};
 use crate::exec::cuda::launch::linear::{
-    linear_group_with, linear_hc_write_with, linear_one_token, GroupKernel, OneToken,
+    linear_group, linear_hc_write, linear_one_token, GroupKernel, OneToken,
 };
 use crate::exec::cuda::launch::{self, DeviceMatrix};
 use crate::exec::cuda::{CudaError, Gpu};
@@ -23,14 +23,19 @@ use crate::ir::{Op, Program};
 
 #[derive(Debug, Serialize)]
 pub struct SweepRow {
-    /// `linear` or `linear_hc_write`, and the shape `k->n`.
+    /// The op kind timed (`linear`, `linear_hc_write`, `linear_group`, `hc_read`), or a
+    /// measurement that is no op's (`read ceiling`).
+    pub op: String,
+    /// What was timed, with its shape.
     pub kernel: String,
     pub k: usize,
     pub n: usize,
+    /// The variant as rules name it (`rows1`, `group1_g2u2`, `parts1_stream`, `s2`...), or what
+    /// else was timed (`separate launches`, `4 blocks/SM`).
     pub variant: String,
     pub us_per_launch: f64,
     pub fraction_of_copy_bandwidth: f64,
-    /// The variant the launcher picks for this shape today.
+    /// The variant the rules give this shape's nodes today.
     pub chosen: bool,
 }
 
@@ -56,6 +61,7 @@ fn read_ceiling(gpu: &Gpu, sets: &[Vec<DeviceMatrix>], bandwidth: f64) -> Result
             launch::read_bytes(gpu, &mut out.borrow_mut(), &sets[i % sets.len()][0], blocks)
         })?;
         rows.push(SweepRow {
+            op: "read ceiling".to_string(),
             kernel: "read ceiling".to_string(),
             k: 0,
             n: bytes,
@@ -168,6 +174,7 @@ fn output_pool(gpu: &Gpu, bytes: usize) -> Result<cudarc::driver::CudaSlice<u8>>
 /// the launcher's choice starred), and as separate launches (each part with its own variant), over
 /// rotating copies of the matrices.
 fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
+    let chosen_of = |k: usize, total: usize| chosen_variant(program, "linear_group", k, total);
     let mut rows = Vec::new();
     for (k, ns) in group_shapes(program) {
         let bytes: usize = ns.iter().map(|n| n * k * 2).sum();
@@ -184,12 +191,12 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
             time_back_to_back(gpu, launches, &|i| {
                 gpu.next_node_scratch();
                 let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
-                linear_group_with(gpu, &x, &refs, 1, how).map(drop)
+                linear_group(gpu, &x, &refs, 1, how).map(drop)
             })
         };
         let blocks = one_launch(GroupKernel::Blocks)?;
         let refs: Vec<&DeviceMatrix> = sets[0].iter().collect();
-        let chosen = GroupKernel::for_group(gpu, &x, &refs);
+        let chosen = chosen_of(k, total);
         let streamed = if GroupKernel::Streamed.takes(gpu, &x, &refs) {
             Some(one_launch(GroupKernel::Streamed)?)
         } else {
@@ -198,7 +205,7 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         let separate = time_back_to_back(gpu, launches, &|i| {
             gpu.next_node_scratch();
             for (m, &n) in sets[i % copies].iter().zip(&ns) {
-                linear_one_token(gpu, &x, m, k, n, OneToken::for_shape(n, k, m.chunk_len()))?;
+                linear_one_token(gpu, &x, m, k, n, separate_part(program, k, n))?;
             }
             Ok(())
         })?;
@@ -209,23 +216,113 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
             .collect::<Vec<_>>()
             .join("+");
         let rows_of = [
-            Some(("one launch, blocks", blocks, chosen == GroupKernel::Blocks)),
-            streamed.map(|us| ("one launch, streamed", us, chosen == GroupKernel::Streamed)),
-            Some(("separate", separate, false)),
+            Some(("parts1", blocks)),
+            streamed.map(|us| ("parts1_stream", us)),
+            Some(("separate launches", separate)),
         ];
-        for (variant, us, chosen) in rows_of.into_iter().flatten() {
+        for (variant, us) in rows_of.into_iter().flatten() {
             rows.push(SweepRow {
+                op: "linear_group".to_string(),
                 kernel: format!("linear_group {shape}"),
                 k,
                 n: total,
                 variant: variant.to_string(),
                 us_per_launch: us,
                 fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
-                chosen,
+                chosen: chosen.as_deref() == Some(variant),
             });
         }
     }
     Ok(rows)
+}
+
+/// The variant the program gives its `op` nodes of rows `k` wide and `n` outputs (the first such
+/// node's; nodes of one shape get one variant from shape rules).
+fn chosen_variant(program: &Program, op: &str, k: usize, n: usize) -> Option<String> {
+    let width = |name: &str| program.value(name).map_or(0, |v| v.width);
+    program.nodes.iter().find_map(|node| {
+        let (nk, nn) = match &node.op {
+            Op::Linear => (width(&node.inputs[0]), width(&node.outputs[0])),
+            Op::LinearHcWrite { streams } => (
+                width(&node.inputs[2]),
+                width(&node.outputs[0]) / (*streams).max(1),
+            ),
+            Op::LinearGroup { .. } => (
+                width(&node.inputs[0]),
+                node.outputs.iter().map(|o| width(o)).sum(),
+            ),
+            Op::HcRead { .. } => (
+                width(&node.inputs[0]),
+                program
+                    .weights
+                    .iter()
+                    .find(|w| w.name == node.weights[1])
+                    .and_then(|w| w.shape.first().copied())
+                    .unwrap_or(0),
+            ),
+            _ => return None,
+        };
+        (node.op.kind() == op && (nk, nn) == (k, n)).then(|| node.variant.clone())
+    })
+}
+
+/// The one-token variant a part of a group would get as a plain linear of its shape (what the
+/// rules give a linear of that shape in the program, else a warp per row).
+fn separate_part(program: &Program, k: usize, n: usize) -> OneToken {
+    chosen_variant(program, "linear", k, n)
+        .and_then(|v| OneToken::from_variant(&v))
+        .unwrap_or(OneToken::WarpPerRow)
+}
+
+/// The rules the sweep's timings imply: for each op and shape timed, the fastest variant as a
+/// rule for exactly that shape (priority 100, above `graphs/rules.ron`'s), to paste into the
+/// file. Shapes whose fastest variant is today's choice are written as comments.
+pub fn proposed_rules(rows: &[SweepRow]) -> String {
+    let mut shapes: Vec<(&str, usize, usize)> = rows
+        .iter()
+        .filter(|r| r.op != "read ceiling")
+        .map(|r| (r.op.as_str(), r.k, r.n))
+        .collect();
+    shapes.dedup();
+    let mut out = String::from(
+        "// Proposed by `graphrun bench --sweep-linear`: the fastest variant of each one-token shape timed.
+",
+    );
+    for (op, k, n) in shapes {
+        let timed: Vec<&SweepRow> = rows
+            .iter()
+            .filter(|r| (r.op.as_str(), r.k, r.n) == (op, k, n))
+            .collect();
+        let Some(best) = timed
+            .iter()
+            .min_by(|a, b| a.us_per_launch.total_cmp(&b.us_per_launch))
+        else {
+            continue;
+        };
+        let times = timed
+            .iter()
+            .map(|r| format!("{} {:.1}", r.variant, r.us_per_launch))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (kn, dims) = match op {
+            "hc_read" => ("width", "rank"),
+            _ => ("k", "n"),
+        };
+        let rule = format!(
+            "(name: \"{op}.sweep_{kn}{k}_{dims}{n}\", doc: \"one token, {kn} {k}, {dims} {n}: {times} us\", op: \"{op}\", when: (device: Cuda, tokens: (max: 1), dims: {{\"{kn}\": (min: {k}, max: {k}), \"{dims}\": (min: {n}, max: {n})}}), variant: \"{}\", priority: 100),",
+            best.variant
+        );
+        if best.variant == "separate launches" {
+            out.push_str(&format!(
+                "// {op} {kn} {k} {dims} {n}: separate launches are fastest ({times} us): drop the grouping for it (groups.ron)\n"
+            ));
+        } else if best.chosen {
+            out.push_str(&format!("// today's choice is fastest: {rule}\n"));
+        } else {
+            out.push_str(&format!("{rule}\n"));
+        }
+    }
+    out
 }
 
 /// The (width C*H, rank R, streams C, norm length) of each `HcRead` node of `program`.
@@ -268,7 +365,7 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
         let h = gpu.zeros::<f32>(width, "a sweep residual")?;
         let norm = gpu.zeros::<f32>(norm_len, "a sweep norm")?;
         let _pool = output_pool(gpu, (rank + 2 * streams + width / streams) * 4 + 1024)?;
-        let chosen = HcReadAct::CHOSEN;
+        let chosen = chosen_variant(program, "hc_read", width, rank);
         let launches = LAUNCHES.max(row_sets.len()).max(up_sets.len());
         for v in HcReadAct::ALL {
             let us = time_back_to_back(gpu, launches, &|i| {
@@ -289,13 +386,14 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
                 .map(drop)
             })?;
             rows.push(SweepRow {
+                op: "hc_read".to_string(),
                 kernel: "hc_read (act + gate)".to_string(),
                 k: width,
                 n: rank,
                 variant: v.name(),
                 us_per_launch: us,
                 fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
-                chosen: v == chosen,
+                chosen: chosen.as_deref() == Some(v.name().as_str()),
             });
         }
         gpu.set_scratch_pool(None);
@@ -325,7 +423,8 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
         let h = gpu.zeros::<f32>(STREAMS * n, "a sweep residual")?;
         let inj = gpu.zeros::<f32>(STREAMS, "a sweep gain")?;
         let _pool = output_pool(gpu, STREAMS * n * 4 + 256)?;
-        let chosen = OneToken::for_shape(n, k, sets[0][0].chunk_len());
+        let op = if fused { "linear_hc_write" } else { "linear" };
+        let chosen = chosen_variant(program, op, k, n);
         let linear_only = OneToken::LINEAR_ONLY
             .into_iter()
             .filter(|v| !fused && v.takes(gpu, &x, &sets[0][0]));
@@ -334,19 +433,20 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
                 gpu.next_node_scratch();
                 let m = &sets[i % copies][0];
                 if fused {
-                    linear_hc_write_with(gpu, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
+                    linear_hc_write(gpu, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
                 } else {
                     linear_one_token(gpu, &x, m, k, n, v).map(drop)
                 }
             })?;
             rows.push(SweepRow {
-                kernel: if fused { "linear_hc_write" } else { "linear" }.to_string(),
+                op: op.to_string(),
+                kernel: op.to_string(),
                 k,
                 n,
-                variant: v.name(),
+                variant: v.variant(),
                 us_per_launch: us,
                 fraction_of_copy_bandwidth: fraction(bytes as u64, us / 1e3, bandwidth),
-                chosen: v == chosen,
+                chosen: chosen.as_deref() == Some(v.variant().as_str()),
             });
         }
         gpu.set_scratch_pool(None);

@@ -527,7 +527,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     if let Some(kind) = opts
         .launch_twice
         .iter()
-        .find(|k| crate::ops::variants(k).is_empty())
+        .find(|k| !crate::ir::op::KINDS.contains(&k.as_str()))
     {
         return Err(Error::Input(format!(
             "--launch-twice: `{kind}` is not an op kind (the `op` names of rules.ron and fusions.ron)"
@@ -989,7 +989,7 @@ impl std::fmt::Display for BenchReport {
         if !self.linear_sweep.is_empty() {
             writeln!(
                 f,
-                "one-token linear and hyper-connection read variants, each shape's launches back to back (* the variant it takes):"
+                "one-token linear and hyper-connection read variants, each shape's launches back to back (* the variant the rules give it):"
             )?;
             writeln!(
                 f,
@@ -1008,6 +1008,8 @@ impl std::fmt::Display for BenchReport {
                     if r.chosen { " *" } else { "" }
                 )?;
             }
+            writeln!(f, "rules these timings propose (for graphs/rules.ron):")?;
+            write!(f, "{}", linear_sweep::proposed_rules(&self.linear_sweep))?;
         }
         Ok(())
     }
@@ -1078,7 +1080,7 @@ mod tests {
         assert_eq!(p.every_node.len(), 2);
         assert_eq!(
             p.every_node[0].op,
-            format!("{routed} (moe_experts/token_major)")
+            format!("{routed} (moe_experts/token_major_rows)")
         );
         assert!(p.experts.0 > 0 && p.dense.0 > 0);
     }

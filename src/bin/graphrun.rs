@@ -10,6 +10,7 @@ use graphrun::ir::{LogitsMode, Phase};
 use graphrun::lower::{self, GraphSet, LowerOptions};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
+use graphrun::registry::{DeviceFacts, WeightFormat};
 use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
 use graphrun::synth::{self, SynthDtype, SynthOptions};
 use graphrun::Error;
@@ -205,8 +206,29 @@ struct LowerArgs {
     /// The executor to schedule for (its rules and kernel variants): cpu or cuda.
     #[arg(long, default_value = "cpu")]
     device: graphrun::ir::Device,
+    /// How the executor stores matrices (f32 or bf16); default: f32 on the CPU, bf16 (the
+    /// release's format) on CUDA.
+    #[arg(long)]
+    weights: Option<WeightFormat>,
+    /// The CUDA device's compute capability as major*10 + minor (default: an H200's, 90).
+    #[arg(long, default_value_t = 90)]
+    arch: u32,
+    /// The CUDA device's multiprocessors (default: an H200's, 132).
+    #[arg(long, default_value_t = 132)]
+    sms: usize,
+    /// What to print: `ron` (the program), `kernels` (a line per node: its kernels and the rule
+    /// that chose them) or `dot` (a Graphviz graph: nodes by op family, segments as clusters).
+    #[arg(long, default_value = "ron")]
+    format: LowerFormat,
     #[command(flatten)]
     schedule: Schedule,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LowerFormat {
+    Ron,
+    Kernels,
+    Dot,
 }
 
 #[derive(Args)]
@@ -372,9 +394,14 @@ fn run(cli: Cli) -> Result<(), Error> {
             }
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
             opts.device = a.device;
+            opts.weight_format = a.weights;
+            if a.device == graphrun::ir::Device::Cuda {
+                opts.device_facts = Some(DeviceFacts::cuda(a.arch, a.sms));
+            }
             opts.overrides = a.schedule.overrides()?;
             opts.fusions = a.schedule.fusions();
-            let lowered = lower::lower(&plan, &graph_set(&cli.graphs)?, &opts)?;
+            let graphs = graph_set(&cli.graphs)?;
+            let lowered = lower::lower(&plan, &graphs, &opts)?;
             for (name, n) in &lowered.fusion_counts {
                 eprintln!("fusion {name}: {n} match(es)");
             }
@@ -385,7 +412,11 @@ fn run(cli: Cli) -> Result<(), Error> {
                 p.values.len(),
                 p.values.iter().map(|v| v.bytes).sum::<usize>()
             );
-            println!("{}", p.to_ron());
+            match a.format {
+                LowerFormat::Ron => println!("{}", p.to_ron()),
+                LowerFormat::Kernels => print!("{}", lower::dot::kernel_table(p)),
+                LowerFormat::Dot => print!("{}", lower::dot::to_dot(p, &graphs.fusions)),
+            }
         }
         Command::Inspect(a) => {
             let plan = ModelPlan::from_model_dir(&a.model)?;

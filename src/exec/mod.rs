@@ -1,6 +1,5 @@
 //! Executors run lowered programs. `cpu` is the reference: plain f32 math from `crate::ops`,
-//! parallel across cores where it pays. The CUDA executor (next; `cuda` has its device probe)
-//! will run the same programs.
+//! parallel across cores where it pays. `cuda` runs the same programs on NVIDIA GPUs.
 
 pub mod cpu;
 pub mod cuda;

@@ -182,6 +182,10 @@ pub struct Node {
     /// The kernel variant chosen by `schedule`, and the rule that chose it.
     pub variant: String,
     pub rule: String,
+    /// The kernels the variant launches for this node, in order (`kernels/*.cu` names on CUDA,
+    /// the `ops` function on the CPU): what the executor runs and nothing else.
+    #[serde(default)]
+    pub kernels: Vec<String>,
     /// The fusion that produced this node, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused: Option<String>,

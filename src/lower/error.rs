@@ -24,6 +24,17 @@ pub enum LowerError {
     /// A lowering option that cannot be (zero tokens, a multi-token decode).
     #[error("{0}")]
     Options(String),
+    /// The chosen variant's kernels do not take the node.
+    #[error(
+        "node `{node}`: rule `{rule}` chose {variant} ({kernels}), which does not accept it: {why}"
+    )]
+    Refused {
+        node: String,
+        rule: String,
+        variant: String,
+        kernels: String,
+        why: String,
+    },
     #[error("lowered program is invalid at node `{node}`: {msg}")]
     Invalid { node: String, msg: String },
 }
@@ -33,6 +44,15 @@ impl LowerError {
         LowerError::Graph {
             file: file.to_string(),
             msg: msg.into(),
+        }
+    }
+}
+
+impl From<crate::rules::RuleError> for LowerError {
+    fn from(e: crate::rules::RuleError) -> Self {
+        match e {
+            crate::rules::RuleError::Rule { rule, msg } => LowerError::Rule { rule, msg },
+            crate::rules::RuleError::Override { arg, msg } => LowerError::Override { arg, msg },
         }
     }
 }

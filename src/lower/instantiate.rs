@@ -290,6 +290,7 @@ impl Builder<'_> {
                 states: decl.states.iter().map(|s| states[s].clone()).collect(),
                 variant: String::new(),
                 rule: String::new(),
+                kernels: Vec::new(),
                 fused: None,
                 last_use: Vec::new(),
             });

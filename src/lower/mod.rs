@@ -5,6 +5,7 @@
 //! ```
 //! Lowering needs no weights, so the real config lowers anywhere (`graphrun lower --config`).
 
+pub mod dot;
 pub mod error;
 pub mod graphset;
 pub mod instantiate;
@@ -16,8 +17,10 @@ pub use error::LowerError;
 pub use graphset::GraphSet;
 
 use crate::ir::{Device, LogitsMode, Phase, Program};
-use crate::passes::{self, schedule::RuleOverride};
+use crate::passes;
 use crate::plan::ModelPlan;
+use crate::registry::{DeviceFacts, WeightFormat};
+use crate::rules::RuleOverride;
 
 /// What to lower for.
 #[derive(Debug, Clone)]
@@ -29,10 +32,17 @@ pub struct LowerOptions {
     pub overrides: Vec<RuleOverride>,
     /// Fusions to apply: `None` = all of `fusions.ron`, `Some(list)` = only those named.
     pub fusions: Option<Vec<String>>,
-    /// The checkpoint's float dtype, when known (rules may test it).
+    /// The checkpoint's float dtype, when known (fusion predicates may test it).
     pub weight_dtype: Option<String>,
+    /// How the executor stores matrices (rules test it; kernel names carry it). `None`: as it
+    /// would store `weight_dtype`, or, without one, f32 on the CPU and bf16 (the release's
+    /// format) on CUDA.
+    pub weight_format: Option<WeightFormat>,
     /// The executor the program is for.
     pub device: Device,
+    /// The device's properties the rules and kernels depend on; `None`: the executor's defaults
+    /// (`DeviceFacts::default_for`: an H200 for CUDA).
+    pub device_facts: Option<DeviceFacts>,
 }
 
 impl LowerOptions {
@@ -44,8 +54,20 @@ impl LowerOptions {
             overrides: Vec::new(),
             fusions: None,
             weight_dtype: None,
+            weight_format: None,
             device: Device::Cpu,
+            device_facts: None,
         }
+    }
+
+    /// The storage format the schedule assumes (see `weight_format`).
+    pub fn format(&self) -> WeightFormat {
+        self.weight_format
+            .unwrap_or_else(|| match &self.weight_dtype {
+                Some(d) => WeightFormat::on(self.device, d),
+                None if self.device == Device::Cuda => WeightFormat::Bf16,
+                None => WeightFormat::F32,
+            })
     }
 }
 
@@ -73,7 +95,7 @@ pub fn lower(
             opts.tokens
         )));
     }
-    let rules = passes::schedule::check_rules(&graphs.rules, &opts.overrides)?;
+    let rules = crate::rules::check(&graphs.rules, &opts.overrides)?;
     let mut program = instantiate::instantiate(plan, graphs, opts)?;
     // `opts.fusions` names the fusions and groupings to apply (None: every one of the files).
     if let Some(names) = &opts.fusions {
@@ -106,7 +128,7 @@ pub fn lower(
         .cloned()
         .collect();
     let dims = plan.dims();
-    let facts = passes::schedule::Facts {
+    let facts = crate::rules::ProgramFacts {
         device: opts.device,
         phase: opts.phase,
         tokens: opts.tokens,
@@ -115,7 +137,21 @@ pub fn lower(
     };
     let mut fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
     fusion_counts.extend(passes::group::run(&mut program, &groups, &facts)?);
-    passes::schedule::run(&mut program, &rules, &facts)?;
+    let device = opts
+        .device_facts
+        .unwrap_or_else(|| DeviceFacts::default_for(opts.device));
+    if device.device != opts.device {
+        return Err(LowerError::Options(format!(
+            "device facts for {} given to a {} lowering",
+            device.device, opts.device
+        )));
+    }
+    let schedule = passes::schedule::Facts {
+        phase: opts.phase,
+        device,
+        weight_format: opts.format(),
+    };
+    passes::schedule::run(&mut program, &rules, &schedule)?;
     passes::memplan::run(&mut program);
     passes::segment::run(&mut program);
     passes::validate::run(&program)?;

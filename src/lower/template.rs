@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::ir::{Device, Op, Phase, Sym};
+use crate::ir::{Op, Sym};
+pub use crate::rules::{Predicate, Rule};
 
 /// One block (`graphs/qwen4exp/<name>.ron`): a small dataflow graph over named values.
 #[derive(Debug, Clone, Deserialize)]
@@ -177,41 +178,4 @@ pub struct Replacement {
     pub args: Vec<String>,
     #[serde(default)]
     pub weights: Vec<String>,
-}
-
-/// `graphs/rules.ron`: a named choice of kernel variant for the ops a predicate accepts.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    pub name: String,
-    #[serde(default)]
-    pub doc: String,
-    /// Op kind the rule applies to.
-    pub op: String,
-    #[serde(default)]
-    pub when: Predicate,
-    pub variant: String,
-    #[serde(default)]
-    pub priority: i32,
-}
-
-/// All given fields must hold.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Predicate {
-    /// The executor the program is for.
-    #[serde(default)]
-    pub device: Option<Device>,
-    #[serde(default)]
-    pub phase: Option<Phase>,
-    #[serde(default)]
-    pub min_tokens: Option<usize>,
-    #[serde(default)]
-    pub max_tokens: Option<usize>,
-    /// Plan dimensions that must be at least the given values (`{"E": 64}`).
-    #[serde(default)]
-    pub min_dims: BTreeMap<String, usize>,
-    /// The checkpoint's float dtype (`"bf16"`); never holds when lowering without weights.
-    #[serde(default)]
-    pub weight_dtype: Option<String>,
 }

@@ -18,66 +18,6 @@ pub mod ple;
 pub mod rope;
 pub mod shape;
 
-/// The kernel variants of an op kind on `device`; the first is the default. Empty for unknown kinds.
-pub fn variants_on(device: crate::ir::Device, kind: &str) -> &'static [&'static str] {
-    match device {
-        crate::ir::Device::Cpu => variants(kind),
-        crate::ir::Device::Cuda => crate::exec::cuda::variants(kind),
-    }
-}
-
-/// The CPU kernel variants of an op kind; the first is the reference. Empty for unknown kinds.
-pub fn variants(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "linear" => &["rows", "tiled"],
-        "moe_experts" => &["token_major", "expert_major"],
-        "embed"
-        | "embed_streams"
-        | "repeat_streams"
-        | "rms_norm"
-        | "div_by"
-        | "mul_by"
-        | "silu"
-        | "sigmoid"
-        | "mul"
-        | "add"
-        | "slice"
-        | "stream_mean"
-        | "hc_write"
-        | "causal_conv"
-        | "gdn_gates"
-        | "gdn_recurrence"
-        | "gdn_gated_recurrence"
-        | "gdn_normed_recurrence"
-        | "gdn_conv_normed_recurrence"
-        | "gated_rms_norm"
-        | "split_q_gate"
-        | "rope"
-        | "norm_rope"
-        | "sigmoid_mul"
-        | "gated_stream_mean"
-        | "indexer_select"
-        | "indexer_select_qk"
-        | "attention"
-        | "gated_attention"
-        | "moe_router"
-        | "ple_ngram_ids"
-        | "ple_embed"
-        | "ple_gate"
-        | "ple_mix"
-        | "last_row"
-        | "hc_mix"
-        | "hc_inject"
-        | "swiglu_linear"
-        | "sigmoid_gated_add"
-        | "linear_hc_write"
-        | "linear_group"
-        | "moe_shared_write"
-        | "hc_read" => &["reference"],
-        _ => &[],
-    }
-}
-
 /// `x / (1 + e^-x)`, as torch's SiLU.
 #[inline]
 pub fn silu(x: f32) -> f32 {

@@ -25,7 +25,7 @@ use crate::ir::dims::{self, Dims};
 use crate::ir::{Node, Op, Program, Sym};
 use crate::lower::template::Fusion;
 use crate::lower::LowerError;
-use crate::passes::schedule::{holds, Facts};
+use crate::rules::{program_holds as holds, ProgramFacts as Facts};
 
 /// Applies each fusion (in file order) wherever it matches; returns how often each one fired.
 pub fn run(
@@ -491,6 +491,7 @@ fn apply(program: &mut Program, fusion: &Fusion, op: &Op<usize>, m: Match) {
             .collect(),
         variant: String::new(),
         rule: String::new(),
+        kernels: Vec::new(),
         fused: Some(fusion.name.clone()),
         last_use: Vec::new(),
     };

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::ir::{Node, Op, Program};
 use crate::lower::template::Grouping;
 use crate::lower::LowerError;
-use crate::passes::schedule::{holds, Facts};
+use crate::rules::{program_holds as holds, ProgramFacts as Facts};
 
 /// Applies each grouping (in file order) where its `when` holds; returns how many group nodes
 /// each one made.
@@ -90,6 +90,7 @@ fn apply(program: &mut Program, g: &Grouping) -> usize {
             states: Vec::new(),
             variant: String::new(),
             rule: String::new(),
+            kernels: Vec::new(),
             fused: Some(g.name.clone()),
             last_use: Vec::new(),
         };

@@ -49,6 +49,7 @@ mod tests {
             states: vec![],
             variant: String::new(),
             rule: String::new(),
+            kernels: vec![],
             fused: None,
             last_use: vec![],
         }

@@ -10,7 +10,7 @@ use petgraph::graph::DiGraph;
 
 use crate::ir::{Program, ValueType};
 use crate::lower::LowerError;
-use crate::ops::{self, shape};
+use crate::ops::shape;
 use crate::passes::memplan;
 
 pub fn run(program: &Program) -> Result<(), LowerError> {
@@ -82,7 +82,7 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
                 ));
             }
         }
-        if !ops::variants_on(program.device, node.op.kind()).contains(&node.variant.as_str()) {
+        if crate::registry::find(program.device, node.op.kind(), &node.variant).is_none() {
             return Err(invalid(
                 &node.name,
                 format!(
@@ -91,6 +91,9 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
                     node.op.kind()
                 ),
             ));
+        }
+        if node.kernels.is_empty() {
+            return Err(invalid(&node.name, "names no kernel".into()));
         }
     }
     if !producer.contains_key(program.output.as_str()) {

@@ -60,10 +60,21 @@ pub struct Gpu {
     /// Arrival counters for kernels whose blocks meet within a launch ([`Gpu::counters`]):
     /// zeroed when the device is opened (never inside a capture), left at zero by each launch.
     counters: CudaSlice<u32>,
+    /// The kernels the node being launched names, while the executor launches one
+    /// ([`Gpu::expect_kernels`]): [`Gpu::function`] refuses any other, so a launcher launches
+    /// what the program names and nothing else.
+    expected: Mutex<Option<ExpectedKernels>>,
 }
 
 /// How many arrival counters a device has ([`Gpu::counters`]).
-const ARRIVAL_COUNTERS: usize = 256;
+use crate::registry::facts::ARRIVAL_COUNTERS;
+
+/// A node's kernels (`Node::kernels`) and which of them its launcher has asked for.
+struct ExpectedKernels {
+    node: String,
+    named: Vec<String>,
+    used: Vec<bool>,
+}
 
 /// The inputs of a node (by their place in the node's input list, up to 64) that are complete
 /// before the node launched just ahead of it has finished: a kernel may read them and compute
@@ -225,11 +236,57 @@ impl Gpu {
             names: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             counters,
+            expected: Mutex::new(None),
         })
+    }
+
+    /// From now until [`Gpu::launched_expected`], kernels are looked up for `node`, which names
+    /// `kernels`.
+    pub fn expect_kernels(&self, node: &str, kernels: &[String]) {
+        *self.expected.lock().expect("expected kernels lock") = Some(ExpectedKernels {
+            node: node.to_string(),
+            named: kernels.to_vec(),
+            used: vec![false; kernels.len()],
+        });
+    }
+
+    /// Marks `kernel` as launched for the node being launched, refusing a kernel it does not
+    /// name (nothing is checked outside a node's launch).
+    pub fn note_kernel(&self, kernel: &str) -> Result<(), CudaError> {
+        let mut guard = self.expected.lock().expect("expected kernels lock");
+        let Some(e) = guard.as_mut() else {
+            return Ok(());
+        };
+        match e.named.iter().position(|k| k == kernel) {
+            Some(i) => {
+                e.used[i] = true;
+                Ok(())
+            }
+            None => Err(CudaError::Unnamed {
+                node: e.node.clone(),
+                kernel: kernel.to_string(),
+                named: e.named.join(", "),
+            }),
+        }
+    }
+
+    /// Ends a node's launch: an error if it named a kernel its launcher did not launch.
+    pub fn launched_expected(&self) -> Result<(), CudaError> {
+        let Some(e) = self.expected.lock().expect("expected kernels lock").take() else {
+            return Ok(());
+        };
+        match e.used.iter().position(|u| !u) {
+            Some(i) => Err(CudaError::Unlaunched {
+                node: e.node,
+                kernel: e.named[i].clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Kernel `name` of `kernels/<file>`, compiling and loading the file on first use.
     pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction, CudaError> {
+        self.note_kernel(name)?;
         let key = (file.to_string(), name.to_string());
         if let Some(f) = self
             .functions

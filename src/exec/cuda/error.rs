@@ -34,6 +34,16 @@ pub enum CudaError {
     Driver { doing: String, msg: String },
     #[error("{kernel}: {msg}")]
     Shape { kernel: String, msg: String },
+    /// A launcher asked for a kernel its node's program does not name.
+    #[error("node `{node}` launches kernel `{kernel}`, which its program does not name (it names: {named})")]
+    Unnamed {
+        node: String,
+        kernel: String,
+        named: String,
+    },
+    /// A node's program names a kernel its launcher did not launch.
+    #[error("node `{node}` names kernel `{kernel}`, which its launch did not run")]
+    Unlaunched { node: String, kernel: String },
 }
 
 impl CudaError {

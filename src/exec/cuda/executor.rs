@@ -1,10 +1,9 @@
 //! The CUDA executor: runs the same lowered programs as `exec::cpu`, every op as a kernel on one
 //! stream. Weights are uploaded once ([`DeviceWeights`]); a sequence's state lives on the device
 //! ([`DeviceState`], `Append` states preallocated to a capacity); the step's start position is a
-//! device value that kernels read. Values are freed at their last use (`memplan`).
-//!
-//! This first version launches eagerly and allocates per value; the arena and CUDA-graph capture
-//! come next (docs/cuda-plan.md).
+//! device value that kernels read. Values live in one arena laid out by `memplan`; each segment
+//! is captured once as a CUDA graph and replayed. Each node launches the kernels its program
+//! names, and only those ([`Gpu::expect_kernels`]).
 
 use std::collections::HashMap;
 
@@ -17,6 +16,7 @@ use crate::weights::Weights;
 
 use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
+use super::launch::linear::{MmaTile, OneToken};
 use super::launch::{self, attention, gdn, layout, moe, ple, DeviceMatrix};
 
 /// A model's weights on the device.
@@ -805,7 +805,14 @@ fn record_segment<'p>(
         } else {
             ReadyInputs::NONE
         });
+        gpu.expect_kernels(&node.name, &node.kernels);
         let mut result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
+        let named = gpu.launched_expected();
+        if result.is_ok() {
+            if let Err(e) = named {
+                result = Err(e);
+            }
+        }
         let mut untaken = 0;
         if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
             // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
@@ -989,6 +996,17 @@ fn launch_node<'v>(
     let eps = program.consts.rms_norm_eps;
     let theta = program.consts.rope_theta;
     let w = |i: usize| node.weights[i].as_str();
+    // The variant the schedule chose, as the launcher's typed choice (`registry` lists them).
+    let unknown = || CudaError::Shape {
+        kernel: node.kernels.join(", "),
+        msg: format!(
+            "node `{}`: the CUDA executor has no variant `{}` of {}",
+            node.name,
+            node.variant,
+            node.op.kind()
+        ),
+    };
+    let variant = node.variant.as_str();
     Ok(match &node.op {
         Op::Embed => {
             let (ids, rows) = arg(0).i64();
@@ -1023,20 +1041,17 @@ fn launch_node<'v>(
             let m = weights.matrix(w(0))?;
             let k = x.len() / rows;
             let n = m.len() / k;
-            let y = match node.variant.as_str() {
+            let y = match variant {
+                "rows" => launch::linear_rows(gpu, x, m, rows, k, n)?,
                 "tiled" => launch::linear_tiled(gpu, x, m, rows, k, n)?,
-                // Tensor cores for bf16 weights with k % 8 == 0; linear_tiled otherwise.
-                "mma" => launch::linear_mma(gpu, x, m, rows, k, n)?,
-                "mma_wide" => launch::linear::linear_mma_with(
-                    gpu,
-                    x,
-                    m,
-                    rows,
-                    k,
-                    n,
-                    launch::linear::MmaTile::Wide,
-                )?,
-                _ => launch::linear_rows(gpu, x, m, rows, k, n)?,
+                "mma" => launch::linear::linear_mma_with(gpu, x, m, rows, k, n, MmaTile::T64)?,
+                "mma_wide" => {
+                    launch::linear::linear_mma_with(gpu, x, m, rows, k, n, MmaTile::Wide)?
+                }
+                one => {
+                    let v = OneToken::from_variant(one).ok_or_else(unknown)?;
+                    launch::linear::linear_one_token(gpu, x, m, k, n, v)?
+                }
             };
             vec![DVal::F32 { rows, buf: y }]
         }
@@ -1057,7 +1072,7 @@ fn launch_node<'v>(
                 rows,
                 *streams,
                 eps,
-                layout::HcReadAct::CHOSEN,
+                layout::HcReadAct::from_variant(variant).ok_or_else(unknown)?,
             )?;
             std::iter::once(x)
                 .chain(inj)
@@ -1093,7 +1108,8 @@ fn launch_node<'v>(
             let ms = (0..node.weights.len())
                 .map(|i| weights.matrix(w(i)))
                 .collect::<Result<Vec<_>, _>>()?;
-            launch::linear::linear_group(gpu, x, &ms, rows)?
+            let how = launch::linear::GroupKernel::from_variant(variant).ok_or_else(unknown)?;
+            launch::linear::linear_group(gpu, x, &ms, rows, how)?
                 .into_iter()
                 .map(|buf| DVal::F32 { rows, buf })
                 .collect()
@@ -1166,6 +1182,7 @@ fn launch_node<'v>(
         } => {
             let (x, rows) = arg(0).f32();
             let window = f32_state(&mut bufs[0]);
+            let how = gdn::ConvKernel::from_variant(variant).ok_or_else(unknown)?;
             let y = gdn::causal_conv(
                 gpu,
                 x,
@@ -1175,6 +1192,7 @@ fn launch_node<'v>(
                 *kernel,
                 *dilation,
                 *silu,
+                how,
             );
             vec![DVal::F32 { rows, buf: y? }]
         }
@@ -1206,7 +1224,8 @@ fn launch_node<'v>(
                 },
             };
             let st = f32_state(&mut bufs[0]);
-            let y = gdn::gdn_recurrence(gpu, qkv, gates, st, rows, &shape);
+            let layout = gdn::GdnLayout::from_variant(variant).ok_or_else(unknown)?;
+            let y = gdn::gdn_recurrence_with(gpu, qkv, gates, st, rows, &shape, layout);
             vec![DVal::F32 { rows, buf: y? }]
         }
         Op::GdnNormedRecurrence { value_dim, .. } => {
@@ -1217,10 +1236,16 @@ fn launch_node<'v>(
             let norm_w = weights.vector(w(2))?;
             let sigmoid = program.consts.gate_activation == GateActivation::Sigmoid;
             let st = f32_state(&mut bufs[0]);
-            let y = normed_recurrence(
-                gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim, sigmoid,
-                eps,
-            )?;
+            let y = match variant {
+                "fused" => gdn::gdn_normed_recurrence(
+                    gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, sigmoid, eps,
+                )?,
+                "reference" => unfused_normed_recurrence(
+                    gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
+                    sigmoid, eps,
+                )?,
+                _ => return Err(unknown()),
+            };
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::GdnConvNormedRecurrence {
@@ -1238,21 +1263,24 @@ fn launch_node<'v>(
                 unreachable!("the fused node carries the conv's and the recurrence's states")
             };
             let (window, st) = (f32_state(window), f32_state(st));
-            let y = if gdn::conv_normed_recurrence_fits(gpu, &shape, *kernel, rows) {
-                gdn::gdn_conv_normed_recurrence(
+            let y = match variant {
+                "fused" => gdn::gdn_conv_normed_recurrence(
                     gpu, qkv, conv_w, window, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape,
                     *kernel, sigmoid, eps,
-                )?
-            } else {
-                // The convolution (an intermediate: in scratch), then the normed recurrence,
-                // as the unfused nodes.
-                let x = gpu.intermediate(|| {
-                    gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true)
-                })?;
-                normed_recurrence(
-                    gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
-                    sigmoid, eps,
-                )?
+                )?,
+                "reference" => {
+                    // The convolution (an intermediate: in scratch), then the unfused normed
+                    // recurrence.
+                    let x = gpu.intermediate(|| {
+                        let how = gdn::ConvKernel::Reference;
+                        gdn::causal_conv(gpu, qkv, window, conv_w, rows, *kernel, 1, true, how)
+                    })?;
+                    unfused_normed_recurrence(
+                        gpu, &x, b, a, a_log, dt_bias, z, norm_w, st, rows, &shape, *value_dim,
+                        sigmoid, eps,
+                    )?
+                }
+                _ => return Err(unknown()),
             };
             vec![DVal::F32 { rows, buf: y }]
         }
@@ -1369,9 +1397,10 @@ fn launch_node<'v>(
         } => {
             let (q, rows) = arg(0).f32();
             let (sel, keep, kc, vc) = selection_and_caches(arg(3), rows, bufs);
-            let attend = match node.variant.as_str() {
+            let attend = match variant {
                 "split" => attention::attention_split,
-                _ => attention::attention,
+                "reference" => attention::attention,
+                _ => return Err(unknown()),
             };
             let y = attend(
                 gpu,
@@ -1416,9 +1445,10 @@ fn launch_node<'v>(
                 rotary_dim: *rotary_dim,
                 block: *block,
             };
-            let attend = match node.variant.as_str() {
+            let attend = match variant {
                 "split" => attention::gated_attention_split,
-                _ => attention::gated_attention,
+                "reference" => attention::gated_attention,
+                _ => return Err(unknown()),
             };
             let y = attend(gpu, &x, kc, vc, rows, step, &shape, cap, keep, eps, theta);
             vec![DVal::F32 { rows, buf: y? }]
@@ -1426,6 +1456,7 @@ fn launch_node<'v>(
         Op::MoeRouter { top_k } => {
             let (logits, rows) = arg(0).f32();
             let experts = logits.len() / rows;
+            let form = moe::RouterKernel::from_variant(variant).ok_or_else(unknown)?;
             let (ids, ws) = moe::moe_router(
                 gpu,
                 logits,
@@ -1433,6 +1464,7 @@ fn launch_node<'v>(
                 experts,
                 *top_k,
                 program.consts.norm_topk_prob,
+                form,
             )?;
             vec![DVal::I64 { rows, buf: ids }, DVal::F32 { rows, buf: ws }]
         }
@@ -1441,22 +1473,35 @@ fn launch_node<'v>(
             let (ids, _) = arg(1).i64();
             let k = ids.len() / rows;
             let hidden = x.len() / rows;
-            let run = match node.variant.as_str() {
-                "expert_major" => moe::moe_experts_expert_major,
-                _ => moe::moe_experts,
+            let (ws, gate_up, down) =
+                (arg(2).f32().0, weights.matrix(w(0))?, weights.matrix(w(1))?);
+            let dims = [rows, k, hidden, *intermediate];
+            let y = match variant {
+                "token_major" | "token_major_rows" => moe::moe_experts_with_down(
+                    gpu,
+                    x,
+                    ids,
+                    ws,
+                    gate_up,
+                    down,
+                    dims,
+                    variant == "token_major_rows",
+                )?,
+                "expert_major" | "expert_major_mma" => moe::moe_experts_expert_major(
+                    gpu,
+                    x,
+                    ids,
+                    ws,
+                    gate_up,
+                    down,
+                    rows,
+                    k,
+                    hidden,
+                    *intermediate,
+                    variant == "expert_major_mma",
+                )?,
+                _ => return Err(unknown()),
             };
-            let y = run(
-                gpu,
-                x,
-                ids,
-                arg(2).f32().0,
-                weights.matrix(w(0))?,
-                weights.matrix(w(1))?,
-                rows,
-                k,
-                hidden,
-                *intermediate,
-            )?;
             vec![DVal::F32 { rows, buf: y }]
         }
         Op::PleNgramIds { .. } => {
@@ -1518,7 +1563,7 @@ fn launch_node<'v>(
             let n = wg.len() / k;
             vec![DVal::F32 {
                 rows,
-                buf: layout::swiglu(gpu, x, wg, wu, rows, k, n)?,
+                buf: layout::swiglu(gpu, x, wg, wu, rows, k, n, block_form(variant)?)?,
             }]
         }
         Op::HcMix { streams } => {
@@ -1530,6 +1575,7 @@ fn launch_node<'v>(
                 weights.matrix(w(1))?,
                 rows,
                 *streams,
+                block_form(variant)?,
             )?;
             vec![DVal::F32 { rows, buf: y }]
         }
@@ -1546,6 +1592,10 @@ fn launch_node<'v>(
                     weights.matrix(w(0))?,
                     rows,
                     *streams,
+                    match variant {
+                        "reference" => None,
+                        one => Some(OneToken::from_variant(one).ok_or_else(unknown)?),
+                    },
                 )?,
             }]
         }
@@ -1561,16 +1611,23 @@ fn launch_node<'v>(
             let (hn, rows) = arg(0).f32();
             vec![DVal::F32 {
                 rows,
-                buf: layout::hc_inject(gpu, hn, weights.matrix(w(0))?, rows, *streams)?,
+                buf: layout::hc_inject(
+                    gpu,
+                    hn,
+                    weights.matrix(w(0))?,
+                    rows,
+                    *streams,
+                    block_form(variant)?,
+                )?,
             }]
         }
     })
 }
 
-/// `Op::GdnNormedRecurrence`'s launches: its kernel where the head fits one block, else the
-/// recurrence, then the norm.
+/// `Op::GdnNormedRecurrence`'s `reference` variant: the gated recurrence in its block layout
+/// (an intermediate: in scratch), then the gated RMS norm.
 #[allow(clippy::too_many_arguments)]
-fn normed_recurrence(
+fn unfused_normed_recurrence(
     gpu: &Gpu,
     qkv: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
@@ -1586,21 +1643,28 @@ fn normed_recurrence(
     sigmoid: bool,
     eps: f32,
 ) -> Result<Buf<f32>, CudaError> {
-    if gdn::normed_recurrence_fits(shape) {
-        gdn::gdn_normed_recurrence(
-            gpu, qkv, b, a, a_log, dt_bias, z, norm_w, st, rows, shape, sigmoid, eps,
-        )
-    } else {
-        // A head wider than one block holds: the recurrence (an intermediate: in scratch), then
-        // the norm.
-        let gates = gdn::GdnGates::Raw {
-            b,
-            a,
-            a_log,
-            dt_bias,
-        };
-        let o = gpu.intermediate(|| gdn::gdn_recurrence(gpu, qkv, gates, st, rows, shape))?;
-        layout::gated_rms_norm(gpu, &o, z, norm_w, value_dim, sigmoid, eps)
+    let gates = gdn::GdnGates::Raw {
+        b,
+        a,
+        a_log,
+        dt_bias,
+    };
+    let block = gdn::GdnLayout::Block;
+    let o =
+        gpu.intermediate(|| gdn::gdn_recurrence_with(gpu, qkv, gates, st, rows, shape, block))?;
+    layout::gated_rms_norm(gpu, &o, z, norm_w, value_dim, sigmoid, eps)
+}
+
+/// Whether a node's variant is the block form (`block`) or the reference one, for the ops that
+/// have those two.
+fn block_form(variant: &str) -> Result<bool, CudaError> {
+    match variant {
+        "block" => Ok(true),
+        "reference" => Ok(false),
+        other => Err(CudaError::Shape {
+            kernel: other.into(),
+            msg: "expected the variant `block` or `reference`".into(),
+        }),
     }
 }
 

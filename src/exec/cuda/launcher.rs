@@ -117,8 +117,7 @@ impl<'a> KernelLaunch<'a> {
             blockDimZ: cfg.block_dim.2,
             // Dynamic shared memory in whole 16-byte words: a kernel's compiled reads of a small
             // array may be vector loads past its last element (compute-sanitizer found
-            // moe_experts_down reading 12 bytes of the 8 given at top-2:
-            // results/2026-11-30-sanitize-moe-before-fix.log).
+            // moe_experts_down reading 12 bytes of the 8 given at top-2).
             sharedMemBytes: cfg.shared_mem_bytes.next_multiple_of(16),
             hStream: self.gpu.stream.cu_stream(),
             attrs: if count > 0 {

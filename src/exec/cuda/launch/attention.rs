@@ -229,7 +229,7 @@ fn indexer_work_len(rows: usize, nb: usize) -> usize {
 /// accepted and its rows from capacity/block on are left alone); selects for each row of the
 /// normalised, roped queries `q [rows, heads*head_dim]` (`ops::indexer::select`).
 ///
-/// Returns the selection `i32 [rows, 2 + budget/block]` (docs/cuda-plan.md): `visible`, then
+/// Returns the selection `i32 [rows, 2 + budget/block]` (docs/pipeline.md): `visible`, then
 /// `-1` and `-1`s for a dense row, or `budget/block` and that many block ids ascending.
 ///
 /// Three launches (kernels/attention.cu, "Indexer"), none with a grid that depends on the
@@ -728,10 +728,7 @@ fn attend_reference(
 /// As `SPLIT_THREADS`, `SPLIT_CHUNK` and `SPLIT_MAX_QUADS` in the kernel source.
 const SPLIT_THREADS: u32 = 256;
 const SPLIT_CHUNK: usize = 32;
-const SPLIT_MAX_HEAD_DIM: usize = 4 * 64;
-/// The instantiations of `attention_split_g<G>_f32` (exactly G heads per kv head) and
-/// `attention_split_upto<G>_f32` (up to G).
-const SPLIT_GROUPS: [usize; 4] = [4, 8, 12, 16];
+use crate::registry::cuda::attention::{split_kernel as split_kernel_for, SPLIT_MAX_HEAD_DIM};
 /// At most this many splits per (row, kv head) (the combine kernel keeps a weight per split in
 /// shared memory, and each thread holds its splits' (m, l): `SPLIT_MAX_SPLITS` in
 /// kernels/attention.cu).
@@ -763,8 +760,8 @@ pub fn split_count(
 /// partial softmax states (log-sum-exp rescaling). The split count is [`split_count`]; the
 /// partial states go to scratch `[rows, heads, splits, head_dim + 2]` f32.
 ///
-/// Takes head_dim a multiple of 4 up to 256 and up to 16 query heads per kv head; other shapes
-/// are attended by [`attention`].
+/// Takes head_dim a multiple of 4 up to 256 and up to 16 query heads per kv head (an error
+/// otherwise: the schedule gives other shapes the reference variant).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_split(
     gpu: &Gpu,
@@ -783,12 +780,7 @@ pub fn attention_split(
     keep: usize,
     block: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    let Some(kernel) = split_kernel(heads, kv_heads, head_dim, capacity) else {
-        return attention(
-            gpu, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim, capacity,
-            keep, block,
-        );
-    };
+    let kernel = split_kernel(heads, kv_heads, head_dim, capacity)?;
     append_kv(
         gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
@@ -805,20 +797,23 @@ pub fn attention_split(
     attend_split(gpu, &kernel, q, None, sel, k_cache, v_cache, &dims)
 }
 
-/// The `attention_split_*` kernel that takes this shape (head_dim a multiple of 4 up to 256, up
-/// to 16 query heads per kv head), if one does.
-fn split_kernel(heads: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Option<String> {
+/// The `attention_split_*` kernel that takes this shape (`registry::cuda::attention`), or the
+/// error saying why none does.
+fn split_kernel(
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+) -> Result<String, CudaError> {
     let group = heads.checked_div(kv_heads).unwrap_or(0);
-    let taken = group > 0
-        && head_dim.is_multiple_of(4)
-        && head_dim <= SPLIT_MAX_HEAD_DIM
-        && capacity <= i32::MAX as usize;
-    let g = SPLIT_GROUPS.into_iter().find(|&g| taken && group <= g)?;
-    Some(if g == group {
-        format!("attention_split_g{g}_f32")
-    } else {
-        format!("attention_split_upto{g}_f32")
-    })
+    split_kernel_for(group, head_dim)
+        .filter(|_| capacity <= i32::MAX as usize && group * kv_heads == heads)
+        .ok_or_else(|| CudaError::Shape {
+            kernel: "attention_split".into(),
+            msg: format!(
+                "{heads} heads over {kv_heads} kv heads of {head_dim}, capacity {capacity}: no split kernel takes it"
+            ),
+        })
 }
 
 /// The split kernel `kernel` (from [`split_kernel`]) and the combine over caches that already
@@ -974,8 +969,8 @@ pub fn gated_attention(
 /// [`gated_attention`] with [`attention_split`]'s kernels (the same result within f32 rounding;
 /// the same bits as the unfused ops with `attention_split`), in three launches:
 /// `gated_attention_prepare_f32`, `attention_split_*` over the prepared q, and
-/// `attention_split_combine_gated_f32` (the gate as the combine's epilogue). Shapes the split
-/// kernels do not take are attended by [`gated_attention`].
+/// `attention_split_combine_gated_f32` (the gate as the combine's epilogue); shapes the split
+/// kernels do not take are an error.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_attention_split(
     gpu: &Gpu,
@@ -990,11 +985,7 @@ pub fn gated_attention_split(
     eps: f32,
     theta: f64,
 ) -> Result<Buf<f32>, CudaError> {
-    let Some(kernel) = split_kernel(s.heads, s.kv_heads, s.head_dim, capacity) else {
-        return gated_attention(
-            gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
-        );
-    };
+    let kernel = split_kernel(s.heads, s.kv_heads, s.head_dim, capacity)?;
     let q = gated_prepare(
         gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
     )?;

@@ -11,11 +11,36 @@ use crate::ops::gdn::GdnShape;
 /// Up to this many rows the convolution and the window's shift are one launch (a thread per
 /// channel); more rows take a thread per channel over runs of [`CONV_ROWS`] rows (at most
 /// [`CONV_MAX_TAPS`] taps; more: a thread per output value), then the shift.
-const STEP_ROWS: usize = 8;
-/// Rows a thread of `causal_conv_rows_f32` takes, and the most taps it holds (`CONV_ROWS`,
-/// `CONV_MAX_TAPS` in kernels/gdn.cu).
-const CONV_ROWS: usize = 16;
-const CONV_MAX_TAPS: usize = 8;
+use crate::registry::cuda::gdn::{
+    BLOCK_COLS, BLOCK_MAX_DK, CONV_MAX_TAPS, CONV_NORMED_MAX_ROWS, CONV_ROWS,
+    CONV_STEP_ROWS as STEP_ROWS, NORMED_MAX_DK, NORMED_MAX_DV, NORMED_WARP_COLS, WARPS_PER_BLOCK,
+    WARP_COLS, WARP_MAX_DK,
+};
+
+/// Which causal-convolution kernel runs (the `causal_conv` variants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvKernel {
+    /// `causal_conv_reference_f32`: a thread per output value, then the window's shift.
+    Reference,
+    /// `causal_conv_rows_f32`: a thread per channel over runs of rows (up to `CONV_MAX_TAPS`).
+    Rows,
+    /// `causal_conv_step_f32`: up to `STEP_ROWS` rows, the shift in the same launch.
+    Step,
+}
+
+impl ConvKernel {
+    pub const ALL: [ConvKernel; 3] = [ConvKernel::Reference, ConvKernel::Rows, ConvKernel::Step];
+
+    /// The kernel a rule names (`reference`, `rows`, `step`).
+    pub fn from_variant(name: &str) -> Option<ConvKernel> {
+        match name {
+            "reference" => Some(ConvKernel::Reference),
+            "rows" => Some(ConvKernel::Rows),
+            "step" => Some(ConvKernel::Step),
+            _ => None,
+        }
+    }
+}
 
 /// Causal depthwise convolution of `x [rows, width]` with `w [width, kernel]`; `window
 /// [(kernel-1)*dilation, width]` holds the previous inputs (oldest first) and is updated in place
@@ -30,6 +55,7 @@ pub fn causal_conv(
     kernel: usize,
     dilation: usize,
     silu: bool,
+    how: ConvKernel,
 ) -> Result<Buf<f32>, CudaError> {
     let name = "causal_conv_reference_f32";
     shape(
@@ -58,7 +84,18 @@ pub fn causal_conv(
     let n = rows * width;
     let (r64, w64) = (rows as i64, width as i64);
     let (k32, d32, s32) = (kernel as i32, dilation as i32, silu as i32);
-    if rows <= STEP_ROWS {
+    shape(
+        name,
+        match how {
+            ConvKernel::Step => rows <= STEP_ROWS,
+            ConvKernel::Rows => kernel <= CONV_MAX_TAPS,
+            ConvKernel::Reference => true,
+        },
+        || {
+            format!("{how:?} takes at most {STEP_ROWS} rows (step) or {CONV_MAX_TAPS} taps (rows): {rows} rows, {kernel} taps")
+        },
+    )?;
+    if how == ConvKernel::Step {
         // One launch: a thread per channel, its rows in order, then its window's shift.
         let name = "causal_conv_step_f32";
         let f = gpu.function("gdn.cu", name)?;
@@ -78,7 +115,7 @@ pub fn causal_conv(
         launched(name, unsafe { b.launch(grid_for(width, 256)) })?;
         return Ok(y);
     }
-    let y = if kernel <= CONV_MAX_TAPS {
+    let y = if how == ConvKernel::Rows {
         // A thread per channel over runs of CONV_ROWS rows (no division an element).
         let cfg = LaunchConfig {
             grid_dim: (
@@ -283,26 +320,16 @@ pub enum GdnLayout {
     WarpColumns,
 }
 
-/// Must match GDN_COLS, GDN_MAX_THREADS (Block) and GdnLanes<GDNW_GROUPS>::COLS, GDNW_WARPS,
-/// GDNW_MAX_DK (WarpColumns) in kernels/gdn.cu.
-const BLOCK_COLS: usize = 32;
-const BLOCK_MAX_DK: usize = 512;
-const WARP_COLS: usize = 4;
-const WARPS_PER_BLOCK: usize = 4;
-/// Columns a warp of the normed kernel holds (GDNN_GROUPS 8: 2 x 32 / 8).
-const NORMED_WARP_COLS: usize = 8;
-const WARP_MAX_DK: usize = 128;
-
 impl GdnLayout {
     /// Both layouts, for the tests.
     pub const ALL: [GdnLayout; 2] = [GdnLayout::Block, GdnLayout::WarpColumns];
 
-    /// The layout the executor takes: a warp per 4 columns where dk allows.
-    pub fn for_shape(s: &GdnShape) -> GdnLayout {
-        if s.key_dim <= WARP_MAX_DK {
-            GdnLayout::WarpColumns
-        } else {
-            GdnLayout::Block
+    /// The layout a rule names (`reference`: the block layout, `warp`).
+    pub fn from_variant(name: &str) -> Option<GdnLayout> {
+        match name {
+            "reference" => Some(GdnLayout::Block),
+            "warp" => Some(GdnLayout::WarpColumns),
+            _ => None,
         }
     }
 
@@ -363,20 +390,6 @@ fn check_heads(
     )
 }
 
-/// The delta-rule recurrence over `rows` tokens of `qkv [rows, 2*Kh*dk + Vh*dv]` with the gates
-/// `gates` (given, or formed in the kernel); `state [Vh, dk, dv]` is updated in place. Returns
-/// `o [rows, Vh*dv]`. The layout from [`GdnLayout::for_shape`].
-pub fn gdn_recurrence(
-    gpu: &Gpu,
-    qkv: &CudaSlice<f32>,
-    gates: GdnGates<'_>,
-    state: &mut CudaSlice<f32>,
-    rows: usize,
-    s: &GdnShape,
-) -> Result<Buf<f32>, CudaError> {
-    gdn_recurrence_with(gpu, qkv, gates, state, rows, s, GdnLayout::for_shape(s))
-}
-
 /// `gdn_recurrence` with the given layout (the tests try both).
 pub fn gdn_recurrence_with(
     gpu: &Gpu,
@@ -428,16 +441,6 @@ pub fn gdn_recurrence_with(
     // and registers cover (Block: blockDim 32*ceil(dk/32) ≤ GDN_MAX_THREADS).
     launched(name, unsafe { b.launch(cfg) })?;
     Ok(out)
-}
-
-/// Must match GDNN_MAX_DV and GDNN_MAX_THREADS (and GDNW_MAX_DK, GDNW_COLS) in kernels/gdn.cu.
-const NORMED_MAX_DV: usize = 128;
-const NORMED_MAX_DK: usize = WARP_MAX_DK;
-
-/// Whether `gdn_normed_recurrence`'s kernel takes shape `s` (dk and dv up to 128: a block holds
-/// a whole head's state); the executor runs the recurrence and the norm apart otherwise.
-pub fn normed_recurrence_fits(s: &GdnShape) -> bool {
-    (1..=NORMED_MAX_DK).contains(&s.key_dim) && (1..=NORMED_MAX_DV).contains(&s.value_dim)
 }
 
 /// The gated recurrence with the output norm as its epilogue (`Op::GdnNormedRecurrence`,
@@ -527,21 +530,17 @@ pub fn gdn_normed_recurrence(
     Ok(out)
 }
 
-/// Most rows and taps `gdn_conv_normed_recurrence_f32` takes (GDNN_T and CONV_MAX_TAPS in
-/// kernels/gdn.cu).
-const CONV_NORMED_MAX_ROWS: usize = 8;
-
 /// Whether `gdn_conv_normed_recurrence_f32` takes a step of `rows` over shape `s` with a
-/// convolution of `kernel` taps: the normed recurrence's heads ([`normed_recurrence_fits`]), 1 to
-/// 8 rows and taps, whole groups of value heads a key head, and key heads that the device's
-/// arrival counters cover ([`Gpu::counters`]). The executor runs the convolution and the
-/// normed recurrence apart otherwise.
-pub fn conv_normed_recurrence_fits(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> bool {
+/// convolution of `kernel` taps: heads of up to 128 x 128, 1 to 8 rows and taps, whole groups
+/// of value heads a key head, and key heads that the device's arrival counters cover
+/// ([`Gpu::counters`]); as `registry::cuda::gdn` declares it.
+fn conv_normed_takes(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> bool {
     let whole_groups = s.key_heads > 0
         && s.value_heads >= s.key_heads
         && s.value_heads.is_multiple_of(s.key_heads);
     whole_groups
-        && normed_recurrence_fits(s)
+        && (1..=NORMED_MAX_DK).contains(&s.key_dim)
+        && (1..=NORMED_MAX_DV).contains(&s.value_dim)
         && (1..=CONV_NORMED_MAX_ROWS).contains(&rows)
         && (1..=CONV_MAX_TAPS).contains(&kernel)
         && s.key_heads <= gpu.counter_count()
@@ -554,7 +553,7 @@ pub fn conv_normed_recurrence_fits(gpu: &Gpu, s: &GdnShape, kernel: usize, rows:
 /// convolution's output with `b`, `a`, `a_log`, `dt_bias`, `z`, `norm_w` and `state [Vh, dk, dv]`
 /// (updated in place). Returns `y [rows, Vh*dv]`, bit for bit what `causal_conv` then
 /// `gdn_normed_recurrence` give. A block per value head, the value heads of a key head meeting at
-/// an arrival counter: for decode-sized steps ([`conv_normed_recurrence_fits`]).
+/// an arrival counter: for decode-sized steps ([`conv_normed_takes`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_conv_normed_recurrence(
     gpu: &Gpu,
@@ -577,17 +576,13 @@ pub fn gdn_conv_normed_recurrence(
     let name = "gdn_conv_normed_recurrence_f32";
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
     check_heads(name, s, rows, NORMED_MAX_DK, NORMED_MAX_DV)?;
-    shape(
-        name,
-        conv_normed_recurrence_fits(gpu, s, kernel, rows),
-        || {
-            format!(
-                "rows {rows} (at most {CONV_NORMED_MAX_ROWS}), kernel {kernel} (1 to \
+    shape(name, conv_normed_takes(gpu, s, kernel, rows), || {
+        format!(
+            "rows {rows} (at most {CONV_NORMED_MAX_ROWS}), kernel {kernel} (1 to \
                  {CONV_MAX_TAPS} taps), {kh} key heads (at most {})",
-                gpu.counter_count()
-            )
-        },
-    )?;
+            gpu.counter_count()
+        )
+    })?;
     let width = 2 * kh * dk + vh * dv;
     shape(
         name,

@@ -221,6 +221,7 @@ pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, 
     )?;
     let width = x.len() / rows;
     let mut y = gpu.output::<f32>(width, kernel)?;
+    gpu.note_kernel("cuMemcpyDtoD")?;
     gpu.stream
         .memcpy_dtod(&x.slice((rows - 1) * width..), &mut *y)
         .map_err(|e| CudaError::driver("copying last_row", None, e))?;
@@ -260,8 +261,7 @@ pub fn split_q_gate(
     Ok((q, gate))
 }
 
-/// Up to this many rows, the hyper-connection projections give each dot product a whole block.
-const FEW_ROWS: usize = 8;
+use crate::registry::cuda::layout::{gate_early as gate_early_for, FEW_ROWS, HC_GATE_MAX_RANK};
 
 /// A block of 256 threads per output (grid-strided past the grid limit).
 fn block_grid(outputs: usize) -> LaunchConfig {
@@ -275,7 +275,9 @@ fn block_grid(outputs: usize) -> LaunchConfig {
 /// The fused hyper-connection read chain (`ops::hyper::hc_mix`): for each row of
 /// `hn [rows, streams*H]`, `mean_s(sigmoid(silu(hn·downᵀ / C)·upᵀ) * hn)` with
 /// `down [R, streams*H]`, `up [streams*H, R]` (both f32 or both bf16). One block per row; the
-/// R activations are kept in shared memory.
+/// R activations are kept in shared memory. `block`: a block per activation (up to `FEW_ROWS`
+/// rows, so that the rank x width matrix has enough loads in flight), else a warp per activation.
+#[allow(clippy::too_many_arguments)]
 pub fn hc_mix(
     gpu: &Gpu,
     hn: &CudaSlice<f32>,
@@ -283,10 +285,9 @@ pub fn hc_mix(
     up: &DeviceMatrix,
     rows: usize,
     streams: usize,
+    block: bool,
 ) -> Result<Buf<f32>, CudaError> {
-    // A few rows: a block per activation, so that the rank x width matrix has enough loads in
-    // flight; many rows: a warp per activation.
-    let act_name = down.kernel(if rows <= FEW_ROWS {
+    let act_name = down.kernel(if block {
         "hc_mix_act_block"
     } else {
         "hc_mix_act_warp"
@@ -333,7 +334,10 @@ pub fn hc_mix(
     b.arg(&mut *act).arg(hn);
     arg_matrix(&mut b, down);
     b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
-    let act_grid = if rows <= FEW_ROWS {
+    shape(act_kernel, !block || rows <= FEW_ROWS, || {
+        format!("{rows} rows: the block form takes at most {FEW_ROWS}")
+    })?;
+    let act_grid = if block {
         block_grid(rows * rank)
     } else {
         warp_grid(rows * rank)
@@ -387,17 +391,10 @@ impl HcReadAct {
         },
     ];
 
-    /// The variant the executor takes at every shape: a block per 2 outputs over one stream's
-    /// slice of the row, from the sweep on the H200 (`graphrun bench --sweep-linear`,
-    /// results/2026-11-30-bench-sweep-hc-read-by-stream.log; act + gate back to back at the real
-    /// 10240 -> 320: by stream 10.8 µs with 2 outputs a block, 11.9 with 4; by row 12.4 with one
-    /// output a block, 15.4 with 2, 14.1 with 4): a block reads 10 KB of h and of the norm weight
-    /// from L2 instead of the whole 40 KB row, and the gate kernel combines the streams' partial
-    /// sums in shared memory.
-    pub const CHOSEN: HcReadAct = HcReadAct {
-        outputs_per_block: 2,
-        by_stream: true,
-    };
+    /// The variant a rule names (`r1`, `r2`, `r4`, `s2`, `s4`: `registry::cuda::layout`).
+    pub fn from_variant(name: &str) -> Option<HcReadAct> {
+        HcReadAct::ALL.into_iter().find(|v| v.name() == name)
+    }
 
     pub fn name(self) -> String {
         if self.by_stream {
@@ -569,25 +566,15 @@ pub fn hc_read(
     Ok((x, inj))
 }
 
-/// Up chunks a lane of the gate's early form holds (`HC_GATE_CHUNKS` in kernels/layout.cu).
-const HC_GATE_CHUNKS: usize = 6;
-
 /// Whether the gate's early form (`hc_read_gate_se_*`) takes the shape, as `hc_gate_lane`'s
 /// `early` in kernels/layout.cu decides it for the launch in `hc_read_by_stream` (8 warps a block,
 /// a warp a channel, every channel covered): the lanes split evenly over the streams, `up` rows
 /// of whole 16-byte chunks from a 16-byte aligned matrix, a row's chunks within a lane's
 /// HC_GATE_CHUNKS. The kernel stops (trap) if it ever disagrees.
 fn gate_early(gpu: &Gpu, up: &DeviceMatrix, streams: usize, rank: usize) -> bool {
-    let chunk = up.chunk_len();
-    streams <= 32
-        && 32 % streams == 0
-        && rank.is_multiple_of(chunk)
+    gate_early_for(streams, rank, up.chunk_len())
         && up.device_address(&gpu.stream).is_multiple_of(16)
-        && rank / chunk <= HC_GATE_CHUNKS * (32 / streams)
 }
-
-/// Most ranks `hc_read_gate_s` stages in shared memory (`HC_GATE_MAX_RANK`).
-const HC_GATE_MAX_RANK: usize = 1024;
 
 /// [`hc_read`] with blocks over one stream's slice of the row (`HcReadAct::by_stream`): the
 /// first kernel writes per-stream partial dot products and sums of squares, the gate kernel's
@@ -680,15 +667,17 @@ fn hc_read_by_stream(
 }
 
 /// Hyper-connection injection gains (`ops::hyper::hc_inject`): `2 * sigmoid(hn·wᵀ / C)`,
-/// `hn [rows, streams*H]`, `w [streams, streams*H]` → `[rows, streams]`. One warp per gain.
+/// `hn [rows, streams*H]`, `w [streams, streams*H]` → `[rows, streams]`. One warp per gain, or
+/// (`block`, up to `FEW_ROWS` rows) a block per gain.
 pub fn hc_inject(
     gpu: &Gpu,
     hn: &CudaSlice<f32>,
     w: &DeviceMatrix,
     rows: usize,
     streams: usize,
+    block: bool,
 ) -> Result<Buf<f32>, CudaError> {
-    let kernel_name = w.kernel(if rows <= FEW_ROWS {
+    let kernel_name = w.kernel(if block {
         "hc_inject_block"
     } else {
         "hc_inject_warp"
@@ -715,7 +704,10 @@ pub fn hc_inject(
     let outputs = rows * streams;
     let mut y = gpu.output::<f32>(outputs, kernel)?;
     let (r64, s64, w64) = (rows as i64, streams as i64, width as i64);
-    let cfg = if rows <= FEW_ROWS {
+    shape(kernel, !block || rows <= FEW_ROWS, || {
+        format!("{rows} rows: the block form takes at most {FEW_ROWS}")
+    })?;
+    let cfg = if block {
         block_grid(outputs)
     } else {
         warp_grid(outputs)
@@ -731,8 +723,9 @@ pub fn hc_inject(
 
 /// Fused expert gate/up (`ops::linear::swiglu`): `silu(x·Wgᵀ) * (x·Wuᵀ)` for `x [rows, k]`,
 /// `Wg, Wu [n, k]` (both f32 or both bf16). One warp per output row, every token in the warp,
-/// both dot products in the same pass over x, as `linear_rows`; one token: a block per output
-/// row (`swiglu_linear_block_*`).
+/// both dot products in the same pass over x, as `linear_rows`; or (`block`, one token) a block
+/// per output row (`swiglu_linear_block_*`).
+#[allow(clippy::too_many_arguments)]
 pub fn swiglu(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -741,8 +734,12 @@ pub fn swiglu(
     rows: usize,
     k: usize,
     n: usize,
+    block: bool,
 ) -> Result<Buf<f32>, CudaError> {
-    let one = rows == 1;
+    shape("swiglu_linear_block", !block || rows == 1, || {
+        format!("{rows} rows: the block form takes one token")
+    })?;
+    let one = block;
     let kernel_name = wg.kernel(if one {
         "swiglu_linear_block"
     } else {

@@ -119,15 +119,8 @@ pub enum OneToken {
     Streamed,
 }
 
-/// The most 16-byte chunks of a row a lane holds in the streamed kernels (WHOLE_ROW_CHUNKS in
-/// kernels/linear.cu).
-pub const WHOLE_ROW_CHUNKS: usize = 10;
-
-/// Resident blocks a multiprocessor `linear_rows1_stream` is built for (its launch bounds).
-const STREAM_BLOCKS_PER_SM: usize = 2;
-
-/// The (rows, loads) pairs compiled in kernels/linear.cu (`GROUP_KERNELS`).
-const GROUPS: [(usize, usize); 3] = [(1, 4), (2, 2), (4, 1)];
+pub use crate::registry::cuda::linear::{MmaTile, MAX_PARTS, WHOLE_ROW_CHUNKS};
+use crate::registry::cuda::linear::{GROUPS, STREAM_BLOCKS_PER_SM};
 
 const fn group(rows: usize, loads: usize) -> OneToken {
     OneToken::Group { rows, loads }
@@ -172,36 +165,25 @@ impl OneToken {
         }
     }
 
-    /// The variant a shape gets, from the sweep on the H200 (`graphrun bench --sweep-linear`,
-    /// results/2026-11-30-bench-sweep-linear.log; µs per launch, back to back):
-    /// - k < 1024 (the shared expert's 640->2560): a warp per row (2.9 µs; groups 3.9-6.1), a
-    ///   row is too short to share over a block;
-    /// - k ≥ 4096 (the output projections 6144->2560): 4 rows a block (12.8 µs; a warp per row
-    ///   15.5: 2560 warps fill a third of the GPU);
-    /// - up to 512 rows (GDN's b and a, the router): a block per row (1.7, 2.5 µs; a warp per row
-    ///   3.7, 4.3);
-    /// - up to 4096 rows (2560->640, 2560->2560): 2 rows a block (3.0, 6.5 µs; a warp per row
-    ///   4.4, 7.9);
-    /// - up to 8192 rows (GDN's z, 2560->6144): a warp per row (12.1 µs; 2 rows a block 12.3):
-    ///   its 768 blocks of 8 warps are one wave;
-    /// - up to 65536 rows (GDN's qkv 2560->10240, QSA's q+gate 2560->12288): 2 rows a block
-    ///   (18.9, 22.2 µs; a warp per row 20.6, 23.6, whose 1280 and 1536 blocks leave a partial
-    ///   second wave);
-    /// - more (the lm head, 2560->248320): the streamed grid where a lane holds its share of a
-    ///   row (297.5 µs, 1.00 of the copy bandwidth, against a pure read of its bytes 281; a warp
-    ///   per row 319, a warp per row with its whole row in flight 315 (not kept), 4 rows a block 316:
-    ///   results/2026-12-01-session14-lm-head-sweep.log; its weights since loaded past L1, 288.7:
-    ///   results/2026-12-01-session14-stream-trials.log), else a warp per row.
-    pub fn for_shape(n: usize, k: usize, chunk_len: usize) -> OneToken {
-        match (n, k) {
-            (n, k) if n > 65_536 && OneToken::Streamed.fits(k, chunk_len) => OneToken::Streamed,
-            (_, k) if k < 1024 => OneToken::WarpPerRow,
-            (_, k) if k >= 4096 => group(4, 1),
-            (n, _) if n <= 512 => group(1, 4),
-            (n, _) if n <= 4096 => group(2, 2),
-            (n, _) if n <= 8192 => OneToken::WarpPerRow,
-            (n, _) if n <= 65_536 => group(2, 2),
-            _ => OneToken::WarpPerRow,
+    /// The one-token variant a rule names (`rows1`, `group1_g2u2`, `rows1_stream`), as
+    /// `registry::cuda::linear` lists them.
+    pub fn from_variant(name: &str) -> Option<OneToken> {
+        match name {
+            "rows1" => Some(OneToken::WarpPerRow),
+            "rows1_stream" => Some(OneToken::Streamed),
+            _ => GROUPS
+                .into_iter()
+                .find(|&(r, l)| name == format!("group1_g{r}u{l}"))
+                .map(|(rows, loads)| group(rows, loads)),
+        }
+    }
+
+    /// The name rules give the variant (inverse of [`OneToken::from_variant`]).
+    pub fn variant(self) -> String {
+        match self {
+            OneToken::WarpPerRow => "rows1".into(),
+            OneToken::Streamed => "rows1_stream".into(),
+            OneToken::Group { rows, loads } => format!("group1_g{rows}u{loads}"),
         }
     }
 
@@ -248,7 +230,7 @@ impl OneToken {
 }
 
 /// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row, all
-/// tokens in the same warp (up to 8 a pass); one token takes [`OneToken::for_shape`].
+/// tokens in the same warp (up to 8 a pass).
 pub fn linear_rows(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -257,9 +239,6 @@ pub fn linear_rows(
     k: usize,
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    if tokens == 1 {
-        return linear_one_token(gpu, x, w, k, n, OneToken::for_shape(n, k, w.chunk_len()));
-    }
     let kernel_name = w.kernel("linear_rows");
     let kernel = kernel_name.as_str();
     check_xw(kernel, x, w, tokens, k, n, tokens > 0)?;
@@ -321,31 +300,11 @@ pub fn linear_one_token(
 }
 
 /// `h + inj ⊗ (x·Wᵀ)` (`ops::linear::linear_hc_write`): `x [tokens, k]`, `W [n, k]`,
-/// `h [tokens, streams*n]`, `inj [tokens, streams]`; a warp per output row, whose epilogue
-/// writes the `streams` residual values. Up to 8 tokens a pass (a decode-sized fusion); one
-/// token takes [`OneToken::for_shape`].
-pub fn linear_hc_write(
-    gpu: &Gpu,
-    h: &CudaSlice<f32>,
-    inj: &CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    w: &DeviceMatrix,
-    tokens: usize,
-    streams: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let k = x.len().checked_div(tokens).unwrap_or(0);
-    let n = w.len().checked_div(k).unwrap_or(0);
-    // The streamed kernel has no residual-write form: a warp per row in its place.
-    let variant = (tokens == 1).then(|| match OneToken::for_shape(n, k, w.chunk_len()) {
-        v if OneToken::LINEAR_ONLY.contains(&v) => OneToken::WarpPerRow,
-        v => v,
-    });
-    linear_hc_write_with(gpu, h, inj, x, w, tokens, streams, variant)
-}
-
-/// As [`linear_hc_write`], one token with the given variant (`None`: the multi-token kernel).
+/// `h [tokens, streams*n]`, `inj [tokens, streams]`; one token with the given variant, or
+/// (`None`) a warp per output row, up to 8 tokens a pass, whose epilogue writes the `streams`
+/// residual values.
 #[allow(clippy::too_many_arguments)]
-pub fn linear_hc_write_with(
+pub fn linear_hc_write(
     gpu: &Gpu,
     h: &CudaSlice<f32>,
     inj: &CudaSlice<f32>,
@@ -446,43 +405,8 @@ pub fn linear_tiled(
     Ok(y)
 }
 
-/// The tensor-core tile of [`linear_mma_with`]: tokens x outputs a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MmaTile {
-    /// 64 x 64, 4 warps (`linear_mma64_bf16`; the `mma` variant).
-    T64,
-    /// 64 x 128, 8 warps (`linear_mma_wide_bf16`; the `mma_wide` variant): each staged
-    /// activation tile serves twice the outputs.
-    Wide,
-}
-
-impl MmaTile {
-    pub const ALL: [MmaTile; 2] = [MmaTile::T64, MmaTile::Wide];
-
-    /// Kernel, tokens and outputs a block, threads, blocks a multiprocessor holds at once (the
-    /// registers decide: ptxas gives both kernels ~128 a thread).
-    fn geometry(self) -> (&'static str, usize, usize, u32, usize) {
-        match self {
-            MmaTile::T64 => ("linear_mma64_bf16", 64, 64, 128, 4),
-            MmaTile::Wide => ("linear_mma_wide_bf16", 64, 128, 256, 2),
-        }
-    }
-}
-
-/// Most runs of k one tensor-core product is split into.
-const MAX_K_SPLITS: usize = 8;
-/// k a tensor-core tile takes a stage (`MMA_BK` in kernels/mma.cuh): split k runs are whole
-/// stages, so each starts 16-byte aligned.
-const MMA_BK: usize = 32;
-/// Fewest stages of k a split keeps (shorter runs spend more on the tile's start and
-/// its stores than they save).
-const MIN_SPLIT_STAGES: usize = 8;
-
-/// How many runs of k [`linear_mma_with`] splits `tokens x n` (k deep) into: where the tiles
-/// alone fill less than one round of the device's resident blocks (a narrow product over a long
-/// k: the hyper-connection mix's 10240 -> 320, GDN's 2560 -> 48 gates, the router), enough
-/// runs that the tiles times the runs still fit in one round, each at least
-/// [`MIN_SPLIT_STAGES`] deep; 1 otherwise.
+/// How many runs of k [`linear_mma_with`] splits `tokens x n` (k deep) into
+/// (`MmaTile::k_splits`).
 pub fn mma_k_splits(
     multiprocessors: usize,
     tile: MmaTile,
@@ -490,21 +414,12 @@ pub fn mma_k_splits(
     k: usize,
     n: usize,
 ) -> usize {
-    let (_, bm, bn, _, per_sm) = tile.geometry();
-    let tiles = tokens.div_ceil(bm) * n.div_ceil(bn);
-    let stages = k.div_ceil(MMA_BK);
-    let wanted = (multiprocessors * per_sm) / tiles.max(1);
-    let splits = wanted
-        .min(MAX_K_SPLITS)
-        .min(stages / MIN_SPLIT_STAGES)
-        .max(1);
-    // Runs of ceil(stages / splits) stages: as many as that takes, so none is empty.
-    stages.div_ceil(stages.div_ceil(splits))
+    tile.k_splits(multiprocessors, tokens, k, n)
 }
 
 /// `y = x · Wᵀ` for many tokens on the tensor cores (bf16 `mma.sync`, x split into bf16 hi + lo
-/// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs. f32 weights, `k`
-/// not a multiple of 8 or unaligned buffers: [`linear_tiled`].
+/// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs: bf16 weights,
+/// `k` a multiple of 8 and 16-byte aligned buffers (an error otherwise).
 pub fn linear_mma(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -527,21 +442,24 @@ pub fn linear_mma_with(
     tile: MmaTile,
 ) -> Result<Buf<f32>, CudaError> {
     use cudarc::driver::DevicePtr as _;
+    let (kernel, bm, bn, threads, _) = tile.geometry();
     let DeviceMatrix::Bf16(bits) = w else {
-        return linear_tiled(gpu, x, w, tokens, k, n);
+        return Err(CudaError::Shape {
+            kernel: kernel.into(),
+            msg: "f32 weights: the tensor-core tiles take bf16".into(),
+        });
     };
     let aligned = x.device_ptr(&gpu.stream).0 % 16 == 0 && bits.device_ptr(&gpu.stream).0 % 16 == 0;
-    if !k.is_multiple_of(8) || !aligned {
-        return linear_tiled(gpu, x, w, tokens, k, n);
-    }
-    let (kernel, bm, bn, threads, _) = tile.geometry();
+    shape(kernel, k.is_multiple_of(8) && aligned, || {
+        format!("k {k} not a multiple of 8, or x or W not 16-byte aligned")
+    })?;
     check_xw(kernel, x, w, tokens, k, n, tokens > 0 && n > 0 && k > 0)?;
     shape(
         kernel,
         tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
         || format!("{tokens}x{n} is too large a grid"),
     )?;
-    let splits = mma_k_splits(gpu.multiprocessors, tile, tokens, k, n);
+    let splits = tile.k_splits(gpu.multiprocessors, tokens, k, n);
     let f = gpu.function("linear.cu", kernel)?;
     let mut y = gpu.output::<f32>(tokens * n, kernel)?;
     let mut parts = if splits > 1 {
@@ -572,7 +490,7 @@ pub fn linear_mma_with(
     // mma_k_splits leaves no split without k.
     launched(kernel, unsafe { b.launch(cfg) })?;
     if let Some(parts) = parts {
-        let sum = "linear_split_sum_f32";
+        let sum = crate::registry::cuda::linear::SPLIT_SUM;
         let f = gpu.function("linear.cu", sum)?;
         let (count, s32) = ((tokens * n) as i64, splits as i32);
         let mut b = gpu.launch_builder(&f);
@@ -583,25 +501,12 @@ pub fn linear_mma_with(
     Ok(y)
 }
 
-/// Most matrices one `linear_parts1` launch takes (`GROUP_PARTS` in kernels/linear.cu).
-pub const MAX_PARTS: usize = 4;
-
-/// Sibling linear layers over one input (`Op::LinearGroup`): `x [tokens, k]`, `W_p [n_p, k]`
-/// → `x·W_pᵀ`, in part order. One token: one launch for all parts (`linear_parts1`, 2 rows a
-/// block); more tokens: each part as [`linear_rows`].
-pub fn linear_group(
-    gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    ws: &[&DeviceMatrix],
-    tokens: usize,
-) -> Result<Vec<Buf<f32>>, CudaError> {
-    linear_group_with(gpu, x, ws, tokens, GroupKernel::for_group(gpu, x, ws))
-}
-
 /// How a one-token group spreads its rows (`linear_group_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupKernel {
-    /// A block per 2 rows of a part (`linear_parts1`).
+    /// Each part as [`linear_rows`] (the `rows` variant: any token count).
+    EachRows,
+    /// One token: a block per 2 rows of a part (`linear_parts1`).
     Blocks,
     /// The parts' rows end to end, streamed by a persistent grid as [`OneToken::Streamed`]
     /// streams one matrix (`linear_parts1_stream`): rows of at most [`WHOLE_ROW_CHUNKS`]
@@ -613,26 +518,23 @@ impl GroupKernel {
     /// Whether the kernel takes x and every part: by blocks any; streamed where
     /// [`OneToken::Streamed`] takes each part.
     pub fn takes(self, gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> bool {
-        self == GroupKernel::Blocks || ws.iter().all(|w| OneToken::Streamed.takes(gpu, x, w))
+        self != GroupKernel::Streamed || ws.iter().all(|w| OneToken::Streamed.takes(gpu, x, w))
     }
 
-    /// Streamed wherever a lane holds its share of a row (rows of up to 2560 bf16 weights, 16-byte
-    /// aligned), else by blocks. From the sweep on the H200 (`graphrun bench --sweep-linear`,
-    /// results/2026-12-01-session14-streamed-groups.log; µs per launch, back to back): GDN's
-    /// 2560 -> 10240+6144+48+48 22.8 against 24.0, QSA's 2560 -> 12288+512+512+640 19.7 against
-    /// 20.7, 2560 -> 10240+2560 18.8 against 19.0; segments 1.165 / 1.166 against 1.168 / 1.175 ms
-    /// at 8 layers, 8k, in the same call.
-    pub fn for_group(gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> GroupKernel {
-        if !ws.is_empty() && GroupKernel::Streamed.takes(gpu, x, ws) {
-            GroupKernel::Streamed
-        } else {
-            GroupKernel::Blocks
+    /// The kernel a rule names (`rows`, `parts1`, `parts1_stream`).
+    pub fn from_variant(name: &str) -> Option<GroupKernel> {
+        match name {
+            "rows" => Some(GroupKernel::EachRows),
+            "parts1" => Some(GroupKernel::Blocks),
+            "parts1_stream" => Some(GroupKernel::Streamed),
+            _ => None,
         }
     }
 }
 
-/// As [`linear_group`], one token with the given kernel.
-pub fn linear_group_with(
+/// Sibling linear layers over one input (`Op::LinearGroup`): `x [tokens, k]`, `W_p [n_p, k]`
+/// → `x·W_pᵀ`, in part order, by `how`.
+pub fn linear_group(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     ws: &[&DeviceMatrix],
@@ -644,7 +546,7 @@ pub fn linear_group_with(
         .iter()
         .map(|w| w.len().checked_div(k).unwrap_or(0))
         .collect();
-    if tokens != 1 {
+    if how == GroupKernel::EachRows {
         return ws
             .iter()
             .zip(&ns)
@@ -653,15 +555,16 @@ pub fn linear_group_with(
     }
     let first = ws.first().copied();
     let base = match how {
-        GroupKernel::Blocks => "linear_parts1",
         GroupKernel::Streamed => "linear_parts1_stream",
+        _ => "linear_parts1",
     };
     let kernel_name = first.map_or(base.into(), |w| w.kernel(base));
     let kernel = kernel_name.as_str();
     let same_dtype = ws.iter().all(|w| first.is_some_and(|f| f.same_dtype(w)));
     shape(
         kernel,
-        (1..=MAX_PARTS).contains(&ws.len())
+        tokens == 1
+            && (1..=MAX_PARTS).contains(&ws.len())
             && how.takes(gpu, x, ws)
             && same_dtype
             && k > 0
@@ -704,7 +607,7 @@ pub fn linear_group_with(
     let (parts32, k64) = (ws.len() as i32, k as i64);
     b.arg(&parts32).arg(&k64);
     let cfg = match how {
-        GroupKernel::Blocks => LaunchConfig {
+        GroupKernel::Blocks | GroupKernel::EachRows => LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
@@ -795,20 +698,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_lm_head_streams_where_a_lane_holds_its_share_of_a_row() {
-        // bf16 (8 a chunk): rows of 2560 are 10 chunks a lane, the most the kernels hold.
-        assert_eq!(OneToken::for_shape(248_320, 2560, 8), OneToken::Streamed);
-        // f32 rows of 2560 (20 chunks a lane) and bf16 rows of 2568 do not fit: a warp per row.
-        assert_eq!(OneToken::for_shape(248_320, 2560, 4), OneToken::WarpPerRow);
+    fn one_token_variants_round_trip_through_their_rule_names() {
+        for v in OneToken::ALL.into_iter().chain(OneToken::LINEAR_ONLY) {
+            assert_eq!(OneToken::from_variant(&v.variant()), Some(v));
+            assert!(
+                crate::registry::find(crate::ir::Device::Cuda, "linear", &v.variant()).is_some(),
+                "{v:?}"
+            );
+        }
+        assert_eq!(OneToken::from_variant("group1_g3u3"), None);
         assert!(!OneToken::Streamed.fits(2568, 8));
         assert!(!OneToken::Streamed.fits(2564, 4));
         assert!(!OneToken::Streamed.fits(2560, 0));
         assert!(OneToken::Streamed.fits(1280, 4));
-        // Smaller matrices keep their variants.
-        assert_eq!(OneToken::for_shape(10_240, 2560, 8), group(2, 2));
-        assert_eq!(OneToken::for_shape(65_536, 2560, 8), group(2, 2));
-        // Rows of no whole number of chunks: not streamed.
-        assert!(!OneToken::Streamed.fits(37, 8));
-        assert_eq!(OneToken::for_shape(248_320, 37, 8), OneToken::WarpPerRow);
+        assert!(OneToken::Streamed.fits(2560, 8));
     }
 }

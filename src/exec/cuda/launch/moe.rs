@@ -11,14 +11,12 @@ use super::{grid_for, launched, shape, DeviceMatrix};
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
 
-/// The largest `top_k` the router kernel keeps (`ROUTER_MAX_TOPK` in `kernels/moe.cu`).
-pub const ROUTER_MAX_TOPK: usize = 64;
+pub use crate::registry::cuda::moe::ROUTER_MAX_TOPK;
+use crate::registry::cuda::moe::{
+    down_rows_fits, down_rows_shared, DOWN_ROWS, ROUTER_PER_LANE, ROUTER_THREADS,
+};
 /// Dynamic shared memory a kernel may use without opting in.
 const SHARED_LIMIT: usize = 48 * 1024;
-/// The router's threads at most and experts a thread holds at most (`ROUTER_THREADS`,
-/// `ROUTER_PER_LANE` in `kernels/moe.cu`).
-const ROUTER_THREADS: usize = 1024;
-const ROUTER_PER_LANE: usize = 4;
 /// Warps per block of the expert kernels (small blocks: even work over the SMs).
 const EXPERT_WARPS: usize = 4;
 /// Slot passes a warp of the down kernel runs at once (`DOWN_PASSES` in kernels/moe.cu).
@@ -30,21 +28,19 @@ const DOWN_BATCH: usize = 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouterKernel {
     /// `moe_router_narrow_f32`: an expert a thread, up to `ROUTER_THREADS` (1024) experts; a
-    /// quarter of the wide kernel's code (1104 against 1920 instructions), ~0.9 µs a layer
-    /// faster in the replayed decode graph at the real 512 (3.6 against 4.5 µs,
-    /// results/2026-11-30-session12-ab-*.log).
+    /// quarter of the wide kernel's code (docs/decisions/0011-code-size-in-once-a-layer-kernels.md).
     Narrow,
     /// `moe_router_reference_f32`: up to `ROUTER_PER_LANE` experts a thread (4096).
     Wide,
 }
 
 impl RouterKernel {
-    /// The narrow kernel where it holds the row, else the wide one.
-    pub fn for_experts(experts: usize) -> RouterKernel {
-        if experts <= RouterKernel::Narrow.max_experts() {
-            RouterKernel::Narrow
-        } else {
-            RouterKernel::Wide
+    /// The kernel a rule names (`narrow`, `reference`).
+    pub fn from_variant(name: &str) -> Option<RouterKernel> {
+        match name {
+            "narrow" => Some(RouterKernel::Narrow),
+            "reference" => Some(RouterKernel::Wide),
+            _ => None,
         }
     }
 
@@ -66,26 +62,9 @@ impl RouterKernel {
     }
 }
 
-/// `ops::moe::route` for `logits [rows, experts]`: per row a softmax, then the `top_k` largest
-/// probabilities (ties: lower expert id first) in selection order, renormalised by their sum when
-/// `normalize`. Returns ids and weights `[rows, top_k]`, both on the device, equal bit for bit to
-/// the reference's (the exps are the device's: `exp` in double rounded to f32). The kernel:
-/// [`RouterKernel::for_experts`].
-pub fn moe_router(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    rows: usize,
-    experts: usize,
-    top_k: usize,
-    normalize: bool,
-) -> Result<(Buf<i64>, Buf<f32>), CudaError> {
-    let form = RouterKernel::for_experts(experts);
-    moe_router_with(gpu, logits, rows, experts, top_k, normalize, form)
-}
-
 /// [`moe_router`] by the kernel `form` (the tests run both; the narrow one refuses more than
 /// `ROUTER_THREADS` experts).
-pub fn moe_router_with(
+pub fn moe_router(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
     rows: usize,
@@ -221,46 +200,7 @@ fn expert_shapes(
     Ok(experts)
 }
 
-/// The routed experts, token-major (`ops::moe::token_major`):
-/// `y[t] = Σ_j w[t,j] · down_e(silu(G) * U)` with `[G; U] = gate_up_e · x_t` and
-/// `e = ids[t,j]`, read on the device. `x [rows, hidden]`, `ids`, `w [rows, top_k]`,
-/// `gate_up [E, 2·intermediate, hidden]` (per expert the gate rows, then the up rows),
-/// `down [E, hidden, intermediate]`; f32 or bf16 weights (each matrix picks its own kernel).
-/// An id outside `[0, E)` makes its token's row NaN (never a read out of bounds).
-///
-/// Two launches: gate/up, one warp per (slot, row) with 10 16-byte loads in flight per lane
-/// (blocks of 4 warps, so that the work is even over the SMs); down, `DOWN_ROWS` output rows of a
-/// token a block with its act rows staged in shared memory where the shape allows
-/// (`moe_experts_down_rows_*`), else one block per (token, output row) whose warps read all of
-/// its slots at once (a few a warp: `down_lanes`); each row summed in slot order as the
-/// reference, the same bits either way.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_experts(
-    gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    ids: &CudaSlice<i64>,
-    w: &CudaSlice<f32>,
-    gate_up: &DeviceMatrix,
-    down: &DeviceMatrix,
-    rows: usize,
-    top_k: usize,
-    hidden: usize,
-    intermediate: usize,
-) -> Result<Buf<f32>, CudaError> {
-    let by_rows = down_rows_fits(top_k, hidden, intermediate);
-    moe_experts_with_down(
-        gpu,
-        x,
-        ids,
-        w,
-        gate_up,
-        down,
-        [rows, top_k, hidden, intermediate],
-        by_rows,
-    )
-}
-
-/// [`moe_experts`] (`dims`: rows, top k, hidden, intermediate) with the down half's kernel
+/// The token-major routed experts (`Op::MoeExperts`; `dims`: rows, top k, hidden, intermediate): gate/up a warp per (slot, row), then the down half by the kernel
 /// chosen: `by_rows`, `moe_experts_down_rows_*` (`DOWN_ROWS` output rows a block, the token's
 /// act rows staged once; an error where the shape does not allow it), else
 /// `moe_experts_down_*` (a block per output row). Both give the same bits.
@@ -357,25 +297,8 @@ pub fn moe_experts_with_down(
     )
 }
 
-/// Output rows a block of the down kernel's decode form takes (`DOWN_ROWS` in kernels/moe.cu),
-/// its threads, and the shared memory it may stage the token's act rows in.
-const DOWN_ROWS: usize = 8;
+/// Threads of the down kernel's decode form.
 const DOWN_ROWS_THREADS: u32 = 256;
-const DOWN_ROWS_MAX_SHARED: usize = 48 * 1024;
-
-/// Whether `moe_experts_down_rows_*` takes the shape: whole blocks of rows, the act rows in
-/// 16-byte units and within the shared memory.
-fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool {
-    hidden.is_multiple_of(DOWN_ROWS)
-        && (top_k * intermediate).is_multiple_of(4)
-        && down_rows_shared(top_k, intermediate) <= DOWN_ROWS_MAX_SHARED
-}
-
-/// Shared memory of `moe_experts_down_rows_*`: the token's act rows, its expert ids (i64) and
-/// router weights, and its blocks' products.
-fn down_rows_shared(top_k: usize, intermediate: usize) -> usize {
-    (top_k * intermediate + DOWN_ROWS * top_k + top_k) * 4 + top_k * 8
-}
 
 /// The down half of [`moe_experts`] (`dims`: rows, top k, hidden, intermediate): with `by_rows`,
 /// `moe_experts_down_rows_*` (`DOWN_ROWS` rows a block, which the caller has checked the shape
@@ -481,6 +404,7 @@ pub fn moe_experts_expert_major(
     top_k: usize,
     hidden: usize,
     intermediate: usize,
+    tensor_cores: bool,
 ) -> Result<Buf<f32>, CudaError> {
     let (gu_name, down_name) = (
         gate_up.kernel("moe_experts_expert_major_gate_up"),
@@ -548,7 +472,16 @@ pub fn moe_experts_expert_major(
     launched(group_kernel, unsafe { b.launch(cfg) })?;
 
     let mut out = gpu.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
-    let kernels = if expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate) {
+    if tensor_cores {
+        shape(
+            "moe_experts_expert_major_gate_up_mma_bf16",
+            expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate),
+            || {
+                format!("hidden {hidden}, intermediate {intermediate}: the tensor-core tiles take bf16 experts, sizes multiples of 8 and 16-byte aligned rows")
+            },
+        )?;
+    }
+    let kernels = if tensor_cores {
         ExpertMajorKernels {
             gate_up: "moe_experts_expert_major_gate_up_mma_bf16",
             down: "moe_experts_expert_major_down_mma_bf16",

@@ -1,0 +1,138 @@
+//! The MoE on CUDA (`kernels/moe.cu`): the router and the routed experts.
+
+use crate::registry::{require, DeviceFacts, NodeFacts, Variant, WeightFormat};
+
+/// The largest `top_k` the router kernels keep (`ROUTER_MAX_TOPK`).
+pub const ROUTER_MAX_TOPK: usize = 64;
+/// The router's threads a block, and the experts a thread of the wide kernel holds
+/// (`ROUTER_THREADS`, `ROUTER_PER_LANE`).
+pub const ROUTER_THREADS: usize = 1024;
+pub const ROUTER_PER_LANE: usize = 4;
+/// Output rows a block of `moe_experts_down_rows_*` takes (`DOWN_ROWS`) and the shared memory it
+/// may stage a token's act rows in.
+pub const DOWN_ROWS: usize = 8;
+pub const DOWN_ROWS_MAX_SHARED: usize = 48 * 1024;
+/// Most slot products a row of the down kernels keeps.
+pub const DOWN_MAX_TOPK: usize = 4096;
+
+fn router(max_experts: usize) -> impl Fn(&NodeFacts) -> Result<(), String> {
+    move |f| {
+        let (e, k) = (f.dim("experts"), f.dim("top_k"));
+        require(
+            e > 0 && e <= max_experts && k > 0 && k <= e && k <= ROUTER_MAX_TOPK,
+            || {
+                format!("top {k} of {e} experts: this router takes up to {max_experts} experts and top {ROUTER_MAX_TOPK}")
+            },
+        )
+    }
+}
+
+pub static MOE_ROUTER: &[Variant] = &[
+    Variant {
+        op: "moe_router",
+        name: "reference",
+        doc: "a block per row, up to 4 experts a thread: softmax, then top-k with ties to the lower id",
+        accepts: |f, _| router(ROUTER_THREADS * ROUTER_PER_LANE)(f),
+        kernels: |_, _| vec!["moe_router_reference_f32".into()],
+    },
+    Variant {
+        op: "moe_router",
+        name: "narrow",
+        doc: "a block per row, an expert a thread: a quarter of the wide kernel's code, the same bits",
+        accepts: |f, _| router(ROUTER_THREADS)(f),
+        kernels: |_, _| vec!["moe_router_narrow_f32".into()],
+    },
+];
+
+/// Shared memory of `moe_experts_down_rows_*`: the token's act rows, its expert ids (i64) and
+/// router weights, and its blocks' products.
+pub fn down_rows_shared(top_k: usize, intermediate: usize) -> usize {
+    (top_k * intermediate + DOWN_ROWS * top_k + top_k) * 4 + top_k * 8
+}
+
+/// Whether `moe_experts_down_rows_*` takes the shape: whole blocks of rows, the act rows in
+/// 16-byte units and within its shared memory.
+pub fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool {
+    hidden.is_multiple_of(DOWN_ROWS)
+        && (top_k * intermediate).is_multiple_of(4)
+        && down_rows_shared(top_k, intermediate) <= DOWN_ROWS_MAX_SHARED
+}
+
+fn top_k_fits(f: &NodeFacts) -> Result<(), String> {
+    require(f.dim("top_k") <= DOWN_MAX_TOPK, || {
+        format!(
+            "top {}: the down kernels keep at most {DOWN_MAX_TOPK} slot products a row",
+            f.dim("top_k")
+        )
+    })
+}
+
+fn mma_fits(f: &NodeFacts, _: &DeviceFacts) -> Result<(), String> {
+    require(
+        f.weight == Some(WeightFormat::Bf16)
+            && f.dim("hidden").is_multiple_of(8)
+            && f.dim("intermediate").is_multiple_of(8),
+        || {
+            format!(
+                "{} experts of hidden {} and intermediate {}: the tensor-core tiles take bf16 weights and sizes that are multiples of 8",
+                f.format(),
+                f.dim("hidden"),
+                f.dim("intermediate")
+            )
+        },
+    )
+}
+
+pub static MOE_EXPERTS: &[Variant] = &[
+    Variant {
+        op: "moe_experts",
+        name: "token_major",
+        doc: "gate/up a warp per (slot, row), then down a block per (token, output row) over the token's slots",
+        accepts: |f, _| top_k_fits(f),
+        kernels: |f, _| vec![f.kernel("moe_experts_gate_up"), f.kernel("moe_experts_down")],
+    },
+    Variant {
+        op: "moe_experts",
+        name: "token_major_rows",
+        doc: "as token_major, down 8 output rows of a token a block with the token's act rows staged in shared memory once",
+        accepts: |f, _| {
+            top_k_fits(f)?;
+            let (k, h, i) = (f.dim("top_k"), f.dim("hidden"), f.dim("intermediate"));
+            require(down_rows_fits(k, h, i), || {
+                format!(
+                    "hidden {h}, top {k} x intermediate {i}: down_rows takes hidden a multiple of {DOWN_ROWS} and the act rows ({} bytes) within {DOWN_ROWS_MAX_SHARED} bytes",
+                    down_rows_shared(k, i)
+                )
+            })
+        },
+        kernels: |f, _| vec![f.kernel("moe_experts_gate_up"), f.kernel("moe_experts_down_rows")],
+    },
+    Variant {
+        op: "moe_experts",
+        name: "expert_major",
+        doc: "slots grouped by expert on the device, each expert's weights read once per tile of 64 of its slots (SIMT tiles), then the combine",
+        accepts: |_, _| Ok(()),
+        kernels: |f, _| {
+            vec![
+                "moe_experts_expert_major_group".into(),
+                f.kernel("moe_experts_expert_major_gate_up"),
+                f.kernel("moe_experts_expert_major_down"),
+                "moe_experts_expert_major_combine_f32".into(),
+            ]
+        },
+    },
+    Variant {
+        op: "moe_experts",
+        name: "expert_major_mma",
+        doc: "as expert_major on the tensor cores (bf16 mma.sync tiles)",
+        accepts: mma_fits,
+        kernels: |_, _| {
+            vec![
+                "moe_experts_expert_major_group".into(),
+                "moe_experts_expert_major_gate_up_mma_bf16".into(),
+                "moe_experts_expert_major_down_mma_bf16".into(),
+                "moe_experts_expert_major_combine_f32".into(),
+            ]
+        },
+    },
+];
