@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::ir::dims::{self, Dims};
 use crate::ir::{Node, Op, Program, Sym};
+use crate::lower::error::LowerError;
 use crate::lower::template::Fusion;
-use crate::lower::LowerError;
 use crate::rules::{program_holds as holds, ProgramFacts as Facts};
 
 /// Applies each fusion (in file order) wherever it matches; returns how often each one fired.

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::ir::{Node, Op, Program};
+use crate::lower::error::LowerError;
 use crate::lower::template::Grouping;
-use crate::lower::LowerError;
 use crate::rules::{program_holds as holds, ProgramFacts as Facts};
 
 /// Applies each grouping (in file order) where its `when` holds; returns how many group nodes

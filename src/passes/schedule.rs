@@ -6,7 +6,7 @@
 //! and the kernel's limit. No launcher chooses: the executors launch the kernels named here.
 
 use crate::ir::{Phase, Program};
-use crate::lower::LowerError;
+use crate::lower::error::LowerError;
 use crate::registry::{self, DeviceFacts, NodeFacts, WeightFormat};
 use crate::rules::{self, Rule};
 

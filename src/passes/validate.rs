@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use petgraph::graph::DiGraph;
 
 use crate::ir::{Program, ValueType};
-use crate::lower::LowerError;
+use crate::lower::error::LowerError;
 use crate::ops::shape;
 use crate::passes::memplan;
 

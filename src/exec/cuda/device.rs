@@ -16,7 +16,6 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile;
 use super::error::CudaError;
-use super::launcher::KernelLaunch;
 use super::probe::{probe, DeviceInfo};
 use super::trace::{self, Tracer};
 
@@ -542,11 +541,6 @@ impl Gpu {
                     e,
                 )
             })
-    }
-
-    /// A launch of kernel `f` on the device's stream (arguments with `.arg`, then `.launch`).
-    pub fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> KernelLaunch<'a> {
-        KernelLaunch::new(self, f)
     }
 
     /// Whether kernels may start before the kernel ahead of them in the stream has finished

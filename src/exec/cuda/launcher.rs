@@ -70,6 +70,13 @@ macro_rules! scalar_arg {
 }
 scalar_arg!(i64 => u64, u64 => u64, f64 => u64, i32 => u32, u32 => u32, f32 => u32);
 
+impl Gpu {
+    /// A launch of kernel `f` on the device's stream (arguments with `.arg`, then `.launch`).
+    pub fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> KernelLaunch<'a> {
+        KernelLaunch::new(self, f)
+    }
+}
+
 impl<'a> KernelLaunch<'a> {
     pub fn new(gpu: &'a Gpu, func: &'a CudaFunction) -> KernelLaunch<'a> {
         KernelLaunch {
