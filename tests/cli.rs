@@ -2,7 +2,8 @@
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
 
 use graphrun::checkpoint::Checkpoint;
 use graphrun::ir::LogitsMode;
@@ -311,4 +312,104 @@ fn bench_checks_its_schedule_before_the_device() {
         !ok && stderr.contains("--launch-twice") && stderr.contains("`hc_raed`"),
         "{stderr}"
     );
+}
+
+/// The real config's prefill program: far more RON than a pipe holds (64 KiB on Linux).
+const LOWER_REAL: [&str; 5] = [
+    "lower",
+    "--config",
+    "tests/data/configs/qwen3.8-flash-next.json",
+    "--tokens",
+    "64",
+];
+
+const RUN_TINY: [&str; 7] = [
+    "run",
+    "--model",
+    "models/tiny-qwen4exp",
+    "--prompt",
+    "the cat sat on the mat .",
+    "--max-new-tokens",
+    "4",
+];
+
+/// A reader that goes away (`graphrun lower | head -1`) ends the command quietly: exit 0, no
+/// panic, no error.
+#[test]
+fn a_closed_stdout_pipe_ends_quietly() {
+    let (ok, whole, stderr) = graphrun(&LOWER_REAL);
+    assert!(ok, "{stderr}");
+    assert!(
+        whole.len() > 4 << 16,
+        "{} bytes: too few to outlast the pipe's buffer",
+        whole.len()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(LOWER_REAL)
+        .current_dir(common::repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    drop(reader);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(first, whole.lines().next().unwrap().to_string() + "\n");
+    assert!(
+        status.success() && !stderr.contains("panicked") && !stderr.contains("error"),
+        "{status}:\n{stderr}"
+    );
+
+    // `run` with its stdout closed before it writes (it loads and generates first).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(RUN_TINY)
+        .current_dir(common::repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("panicked") && !stderr.contains("error"),
+        "{}:\n{stderr}",
+        out.status
+    );
+}
+
+/// stdout on a full disk (/dev/full: every write fails with ENOSPC) is an error naming stdout.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_is_an_error_naming_it() {
+    for args in [&LOWER_REAL[..], &RUN_TINY[..]] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args(args)
+            .current_dir(common::repo())
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: exit 0 on a full disk");
+        assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: stdout: ") && last.contains("No space left"),
+            "{args:?}:\n{stderr}"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! The `graphrun` command line: a thin shell over the library.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -271,13 +272,51 @@ fn graph_set(graphs: &Option<PathBuf>) -> Result<GraphSet, Error> {
     })
 }
 
-fn run(cli: Cli) -> Result<(), Error> {
+/// Why a command stopped before the end.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Lib(Error),
+    /// stdout's reader went away (`graphrun lower | head -1`): nobody wants the rest, which is
+    /// not a failure.
+    #[error("stdout was closed")]
+    StdoutClosed,
+}
+
+// Every library error converts, so that `?` works on each stage's own error type.
+impl<E: Into<Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Lib(e.into())
+    }
+}
+
+/// Writes `text` and a newline to stdout, flushed, so that a write error surfaces here as a
+/// value (`println!` panics on one): a closed pipe is [`Failure::StdoutClosed`], anything else (a
+/// full disk) an error naming stdout.
+fn print_line(text: &str) -> Result<(), Failure> {
+    let mut stdout = io::stdout().lock();
+    let written = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    written.map_err(|e| match e.kind() {
+        io::ErrorKind::BrokenPipe => Failure::StdoutClosed,
+        _ => Failure::Lib(Error::Io {
+            path: "stdout".into(),
+            msg: format!("cannot write the output: {e}"),
+        }),
+    })
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Run(a) => {
             let sampling = match (a.greedy, a.temperature) {
                 (_, None) => {
                     if a.top_k.is_some() || a.top_p.is_some() {
-                        return Err(Error::Input("--top-k/--top-p need --temperature".into()));
+                        return Err(
+                            Error::Input("--top-k/--top-p need --temperature".into()).into()
+                        );
                     }
                     Sampling::Greedy
                 }
@@ -303,7 +342,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                     })?
                     .get_ids()
                     .to_vec(),
-                _ => return Err(Error::Input("give --prompt-ids or --prompt".into())),
+                _ => return Err(Error::Input("give --prompt-ids or --prompt".into()).into()),
             };
             let model = load_model(&a.model, &cli.graphs, &a.schedule, &a.placement)?;
             let opts = GenerateOptions {
@@ -317,15 +356,10 @@ fn run(cli: Cli) -> Result<(), Error> {
                     path: a.model.join("tokenizer.json").display().to_string(),
                     msg: e.to_string(),
                 })?;
-                println!("{text}");
+                print_line(&text)?;
             }
-            println!(
-                "{}",
-                out.iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
+            let ids: Vec<String> = out.iter().map(|t| t.to_string()).collect();
+            print_line(&ids.join(","))?;
         }
         Command::Logits(a) => {
             let prompt = parse_ids(&a.prompt_ids)?;
@@ -356,9 +390,9 @@ fn run(cli: Cli) -> Result<(), Error> {
                 "all" => LogitsMode::All,
                 "last" => LogitsMode::Last,
                 other => {
-                    return Err(Error::Input(format!(
-                        "--logits {other}: expected all or last"
-                    )))
+                    return Err(
+                        Error::Input(format!("--logits {other}: expected all or last")).into(),
+                    )
                 }
             };
             let tokens = match a.phase {
@@ -368,7 +402,8 @@ fn run(cli: Cli) -> Result<(), Error> {
             if a.phase == Phase::Decode && a.tokens.is_some_and(|t| t != 1) {
                 return Err(Error::Input(
                     "--phase decode has exactly one token; drop --tokens".into(),
-                ));
+                )
+                .into());
             }
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
             opts.device = a.device;
@@ -385,11 +420,11 @@ fn run(cli: Cli) -> Result<(), Error> {
                 p.values.len(),
                 p.values.iter().map(|v| v.bytes).sum::<usize>()
             );
-            println!("{}", p.to_ron());
+            print_line(&p.to_ron())?;
         }
         Command::Inspect(a) => {
             let plan = ModelPlan::from_model_dir(&a.model)?;
-            println!("{plan}");
+            print_line(&plan.to_string())?;
             let model = Model::load(
                 &a.model,
                 ModelOptions {
@@ -402,11 +437,11 @@ fn run(cli: Cli) -> Result<(), Error> {
                 .names()
                 .map(|n| model.weights.get(n).unwrap().data.len())
                 .sum();
-            println!(
+            print_line(&format!(
                 "checkpoint: contract holds: {} weights, {params} parameters, stored as {}",
                 model.weights.len(),
                 model.weight_dtype
-            );
+            ))?;
             if !model.unused_tensors.is_empty() {
                 let shown: Vec<&str> = model
                     .unused_tensors
@@ -414,12 +449,12 @@ fn run(cli: Cli) -> Result<(), Error> {
                     .take(8)
                     .map(|s| s.as_str())
                     .collect();
-                println!(
+                print_line(&format!(
                     "checkpoint: {} tensor(s) not used by the text model (mtp.*, model.visual.*, ...): {}{}",
                     model.unused_tensors.len(),
                     shown.join(", "),
                     if model.unused_tensors.len() > 8 { ", ..." } else { "" }
-                );
+                ))?;
             }
         }
         Command::Synth(a) => {
@@ -432,9 +467,9 @@ fn run(cli: Cli) -> Result<(), Error> {
                 "f32" => SynthDtype::F32,
                 "bf16" => SynthDtype::Bf16,
                 other => {
-                    return Err(Error::Input(format!(
-                        "--dtype {other}: expected f32 or bf16"
-                    )))
+                    return Err(
+                        Error::Input(format!("--dtype {other}: expected f32 or bf16")).into(),
+                    )
                 }
             };
             let opts = SynthOptions {
@@ -470,7 +505,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 trace: a.trace,
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
-            println!("{report}");
+            print_line(&report.to_string())?;
             if let Some(path) = &a.json {
                 let json =
                     serde_json::to_string_pretty(&report).expect("a report always serialises");
@@ -495,7 +530,7 @@ fn load_tokenizer(dir: &std::path::Path) -> Result<tokenizers::Tokenizer, Error>
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(Failure::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
