@@ -413,3 +413,37 @@ fn a_full_stdout_is_an_error_naming_it() {
         );
     }
 }
+
+/// `--tokens` is bounded by the plan's max_position_embeddings (and is at least 1): an error
+/// naming the flag, where an unchecked 2^61 tokens wrapped the arena's size to 0 bytes.
+#[test]
+fn lower_checks_tokens_against_the_plan() {
+    let lower =
+        |config: &str, tokens: &str| graphrun(&["lower", "--config", config, "--tokens", tokens]);
+    let tiny = "models/tiny-qwen4exp/config.json";
+    let real = "tests/data/configs/qwen3.8-flash-next.json";
+    for (config, tokens) in [
+        (tiny, "2305843009213693952"),
+        (tiny, "513"),
+        (real, "262145"),
+    ] {
+        let max = ModelPlan::from_file(&common::repo().join(config))
+            .unwrap()
+            .max_position_embeddings;
+        let (ok, stdout, stderr) = lower(config, tokens);
+        assert!(
+            !ok && stdout.is_empty(),
+            "{config} --tokens {tokens}: {stderr}"
+        );
+        assert!(
+            stderr.starts_with(&format!("error: --tokens {tokens}: "))
+                && stderr.contains(&format!("max_position_embeddings = {max}")),
+            "{stderr}"
+        );
+    }
+    let (ok, _, stderr) = lower(tiny, "0");
+    assert!(!ok && stderr.starts_with("error: --tokens 0: "), "{stderr}");
+    // The longest step the model takes lowers.
+    let (ok, stdout, stderr) = lower(tiny, "512");
+    assert!(ok && stdout.contains("tokens: 512"), "{stderr}");
+}

@@ -67,6 +67,13 @@ pub fn lower(
             "--tokens 0: a step needs at least one token".into(),
         ));
     }
+    // A step longer than the longest sequence the model takes can never run.
+    if opts.tokens > plan.max_position_embeddings {
+        return Err(LowerError::Options(format!(
+            "--tokens {}: more than max_position_embeddings = {}, the longest sequence the model takes",
+            opts.tokens, plan.max_position_embeddings
+        )));
+    }
     if opts.phase == Phase::Decode && opts.tokens != 1 {
         return Err(LowerError::Options(format!(
             "--tokens {}: decode steps have exactly one token",
@@ -116,7 +123,7 @@ pub fn lower(
     let mut fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
     fusion_counts.extend(passes::group::run(&mut program, &groups, &facts)?);
     passes::schedule::run(&mut program, &rules, &facts)?;
-    passes::memplan::run(&mut program);
+    passes::memplan::run(&mut program)?;
     passes::segment::run(&mut program);
     passes::validate::run(&program)?;
     Ok(Lowered {
