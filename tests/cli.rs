@@ -447,3 +447,97 @@ fn lower_checks_tokens_against_the_plan() {
     let (ok, stdout, stderr) = lower(tiny, "512");
     assert!(ok && stdout.contains("tokens: 512"), "{stderr}");
 }
+
+/// A generation that cannot fit the context is refused before any step, naming
+/// --max-new-tokens and the bound (max_position_embeddings, or --context); one that fits exactly
+/// runs (every new token but the last is fed back). The tiny model takes 512 positions.
+#[test]
+fn run_refuses_max_new_tokens_past_the_context() {
+    let run = |new: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            "5,6,7",
+            "--ignore-eos",
+            "--max-new-tokens",
+            new,
+        ];
+        args.extend_from_slice(extra);
+        graphrun(&args)
+    };
+    let (ok, stdout, stderr) = run("511", &[]);
+    assert!(!ok && stdout.is_empty(), "{stderr}");
+    assert!(
+        stderr.starts_with("error: --max-new-tokens 511: ")
+            && stderr.contains("max_position_embeddings = 512")
+            && stderr.contains("at most 510 new tokens fit"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&usize::MAX.to_string(), &[]);
+    assert!(!ok && stderr.contains("--max-new-tokens"), "{stderr}");
+    // --context bounds a CPU session too.
+    let (ok, _, stderr) = run("7", &["--context", "8"]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.starts_with("error: --max-new-tokens 7: ") && stderr.contains("--context 8"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = run("6", &["--context", "8"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().last().unwrap().split(',').count(), 6);
+}
+
+/// `--context` applies on the CPU: a prompt past it is refused; 0 and more than the model's
+/// positions are refused by name.
+#[test]
+fn context_bounds_a_cpu_session() {
+    let run = |ids: &str, context: &str| {
+        graphrun(&[
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            ids,
+            "--max-new-tokens",
+            "1",
+            "--context",
+            context,
+        ])
+    };
+    let (ok, _, stderr) = run("5,6,7,8,9", "4");
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("context of 5 tokens exceeds --context 4"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = run("5,6,7", "4");
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().last().unwrap().split(',').count(), 1);
+    for (context, why) in [
+        ("0", "at least one token"),
+        ("513", "max_position_embeddings = 512"),
+    ] {
+        let (ok, _, stderr) = run("5,6,7", context);
+        assert!(
+            !ok && stderr.starts_with(&format!("error: --context {context}: "))
+                && stderr.contains(why),
+            "{stderr}"
+        );
+    }
+    // `logits` takes the same placement.
+    let dir = common::temp_dir("logits-context");
+    let (ok, _, stderr) = graphrun(&[
+        "logits",
+        "--model",
+        "models/tiny-qwen4exp",
+        "--prompt-ids",
+        "5,6,7",
+        "--context",
+        "2",
+        "--out",
+        dir.join("l.safetensors").to_str().unwrap(),
+    ]);
+    assert!(!ok && stderr.contains("exceeds --context 2"), "{stderr}");
+}

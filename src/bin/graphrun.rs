@@ -124,7 +124,9 @@ struct Placement {
     /// Where to run: cpu (the reference), cuda (GPU 0), or auto (cuda when present, else cpu with a notice).
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
-    /// Longest context a GPU session holds (its caches are preallocated).
+    /// Most tokens a session holds (the prompt and each generated token fed back: all but the
+    /// last), on every device; on a GPU its caches are preallocated for it. Default:
+    /// max_position_embeddings on the CPU, min(max_position_embeddings, 8192) on a GPU.
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
     /// On the GPU, launch every step's kernels eagerly instead of replaying CUDA graphs.

@@ -34,6 +34,29 @@ fn step_note(step: &Option<usize>) -> String {
         .unwrap_or_default()
 }
 
+/// What bounds a session's length (see [`Session::capacity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// `max_position_embeddings`.
+    Positions,
+    /// `ModelOptions::context_capacity` (`--context`).
+    Context,
+    /// A GPU session's preallocated caches, at their default size.
+    Device,
+}
+
+impl Bound {
+    fn describe(self, limit: usize) -> String {
+        match self {
+            Bound::Positions => format!("max_position_embeddings = {limit}"),
+            Bound::Context => format!("--context {limit}"),
+            Bound::Device => {
+                format!("this session's device capacity of {limit} (raise it with --context)")
+            }
+        }
+    }
+}
+
 /// Logits `[rows, vocab]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logits {
@@ -181,6 +204,28 @@ impl<'m> Session<'m> {
         &self.state
     }
 
+    /// The longest sequence this session holds: `max_position_embeddings`, bounded by
+    /// `ModelOptions::context_capacity` (`--context`) on every device and, on a GPU, by its
+    /// preallocated caches.
+    pub fn capacity(&self) -> usize {
+        self.limit().0
+    }
+
+    /// [`Self::capacity`] and what sets it (ties: the explicit `--context` first).
+    fn limit(&self) -> (usize, Bound) {
+        let mut bounds = vec![(self.model.plan.max_position_embeddings, Bound::Positions)];
+        if let Some(c) = self.model.options().context_capacity {
+            bounds.insert(0, (c, Bound::Context));
+        }
+        if let Some(d) = &self.device_state {
+            bounds.push((d.capacity, Bound::Device));
+        }
+        bounds
+            .into_iter()
+            .min_by_key(|b| b.0)
+            .expect("max_position_embeddings is always a bound")
+    }
+
     fn check_tokens(&self, ids: &[u32]) -> Result<()> {
         if ids.is_empty() {
             return Err(Error::Input("no tokens given".into()));
@@ -193,19 +238,12 @@ impl<'m> Session<'m> {
             )));
         }
         let end = self.position() + ids.len();
-        if end > self.model.plan.max_position_embeddings {
+        let (limit, bound) = self.limit();
+        if end > limit {
             return Err(Error::Input(format!(
-                "context of {end} tokens exceeds max_position_embeddings = {}",
-                self.model.plan.max_position_embeddings
+                "context of {end} tokens exceeds {}",
+                bound.describe(limit)
             )));
-        }
-        if let Some(d) = &self.device_state {
-            if end > d.capacity {
-                return Err(Error::Input(format!(
-                    "context of {end} tokens exceeds this session's device capacity of {} (raise it with --context)",
-                    d.capacity
-                )));
-            }
         }
         Ok(())
     }
@@ -323,11 +361,32 @@ impl<'m> Session<'m> {
         Ok(self.prefill(&[id], LogitsMode::Last)?.data)
     }
 
-    /// Prefills `prompt` and generates up to `max_new_tokens` tokens. A NaN logit is a
+    /// Prefills `prompt` and generates up to `max_new_tokens` tokens. Every new token but the
+    /// last is fed back, so the session must hold what it holds, the prompt and
+    /// `max_new_tokens - 1` tokens within [`Self::capacity`]: a request past it is refused
+    /// before any step runs, even one that an eos token might end early. A NaN logit is a
     /// [`LogitsError`] naming its position and step.
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<u32>> {
         let mut sampler = Sampler::new(opts.sampling.clone())?;
         self.check_tokens(prompt)?;
+        let held = self.position() + prompt.len();
+        let (limit, bound) = self.limit();
+        let fed_back = opts.max_new_tokens.saturating_sub(1);
+        if held.checked_add(fed_back).is_none_or(|n| n > limit) {
+            let before = match self.position() {
+                0 => String::new(),
+                p => format!(" after the {p} this session holds"),
+            };
+            return Err(Error::Input(format!(
+                "--max-new-tokens {}: {} prompt tokens{before} and {} new ones (all but the \
+                 last fed back) need more than the context of {}; at most {} new tokens fit",
+                opts.max_new_tokens,
+                prompt.len(),
+                opts.max_new_tokens,
+                bound.describe(limit),
+                limit - held + 1
+            )));
+        }
         let mut out = Vec::new();
         if opts.max_new_tokens == 0 {
             return Ok(out);
@@ -443,6 +502,64 @@ mod tests {
             err.to_string()
                 .starts_with("the logits at position 1 hold NaN"),
             "{err}"
+        );
+    }
+
+    /// `context_capacity` (`--context`) bounds a CPU session: a step past it is refused, as is a
+    /// generation that would outgrow it, and neither changes the session.
+    #[test]
+    fn context_bounds_a_cpu_session() {
+        let model = tiny(
+            ModelOptions {
+                context_capacity: Some(4),
+                ..Default::default()
+            },
+            |_| {},
+        );
+        let mut s = model.session();
+        assert_eq!(s.capacity(), 4);
+        let err = s.prefill(&[1, 2, 3, 4, 5], LogitsMode::Last).unwrap_err();
+        assert!(err.to_string().contains("exceeds --context 4"), "{err}");
+        // 2 prompt tokens and 3 fed back of 4 new ones: 5 positions.
+        let opts = GenerateOptions {
+            max_new_tokens: 4,
+            sampling: Sampling::Greedy,
+            stop_on_eos: false,
+        };
+        let err = s.generate(&[1, 2], &opts).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--max-new-tokens 4: 2 prompt tokens and 4 new ones")
+                && err.to_string().contains("at most 3 new tokens fit"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 0);
+        s.prefill(&[1, 2, 3], LogitsMode::Last).unwrap();
+        let err = s.generate(&[4], &opts).unwrap_err();
+        assert!(
+            err.to_string().contains("after the 3 this session holds"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 3);
+        // Exactly full: the one new token is not fed back.
+        let fits = GenerateOptions {
+            max_new_tokens: 1,
+            ..opts
+        };
+        assert_eq!(s.generate(&[4], &fits).unwrap().len(), 1);
+        assert_eq!(s.position(), 4);
+        let err = s.decode(5).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("context of 5 tokens exceeds --context 4"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 4);
+        // Unbounded, the model's positions are the limit.
+        let model = tiny(Default::default(), |_| {});
+        assert_eq!(
+            model.session().capacity(),
+            model.plan.max_position_embeddings
         );
     }
 }
