@@ -10,6 +10,8 @@ use graphrun::ir::LogitsMode;
 use graphrun::plan::ModelPlan;
 use graphrun::runtime::{Model, ModelOptions};
 use graphrun::synth::{self, SynthDtype, SynthOptions};
+use graphrun::weights::{WeightTensor, Weights};
+use half::f16;
 
 fn graphrun(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_graphrun"))
@@ -540,4 +542,115 @@ fn context_bounds_a_cpu_session() {
         dir.join("l.safetensors").to_str().unwrap(),
     ]);
     assert!(!ok && stderr.contains("exceeds --context 2"), "{stderr}");
+}
+
+/// An empty prompt is an error naming the flag it came from.
+#[test]
+fn an_empty_prompt_names_its_flag() {
+    let run = |flag: &str| {
+        graphrun(&[
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            flag,
+            "",
+            "--max-new-tokens",
+            "2",
+        ])
+    };
+    let (ok, _, stderr) = run("--prompt");
+    assert!(
+        !ok && stderr.starts_with("error: --prompt \"\": "),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run("--prompt-ids");
+    assert!(!ok && stderr.starts_with("error: --prompt-ids"), "{stderr}");
+}
+
+/// synth writes f16 weights that load (as f16) and give the logits of the same random weights
+/// rounded to f16 in memory; the CLI writes, inspects and runs one.
+#[test]
+fn synth_f16_loads_and_runs() {
+    let config = "models/tiny-qwen4exp/config.json";
+    let text = std::fs::read_to_string(common::repo().join(config)).unwrap();
+    let plan = ModelPlan::from_json_str(&text, config).unwrap();
+    let dir = common::temp_dir("synth-f16");
+    synth::write(
+        &plan,
+        &text,
+        &dir,
+        &SynthOptions {
+            dtype: SynthDtype::F16,
+            seed: 5,
+            shard_bytes: 1 << 30,
+        },
+    )
+    .unwrap();
+    let loaded = Model::load(&dir, ModelOptions::default()).unwrap();
+    assert_eq!(loaded.weight_dtype, "f16");
+    let exact = synth::random_weights(&plan, 5).unwrap();
+    let mut rounded = Weights::new();
+    for name in exact.names() {
+        let w = exact.get(name).unwrap();
+        let data = w.data.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        rounded.insert(
+            name,
+            WeightTensor {
+                shape: w.shape.clone(),
+                data,
+            },
+        );
+    }
+    let mut memory = Model::from_parts(
+        plan,
+        graphrun::lower::GraphSet::embedded().unwrap(),
+        rounded,
+        ModelOptions::default(),
+    );
+    // The same rules as the loaded model's (they may test the dtype).
+    memory.weight_dtype = "f16".into();
+    let prompt = [3, 9, 4, 1, 7];
+    let a = loaded.session().prefill(&prompt, LogitsMode::All).unwrap();
+    let b = memory.session().prefill(&prompt, LogitsMode::All).unwrap();
+    assert_eq!(a, b);
+    assert!(a.data.iter().all(|v| v.is_finite()));
+
+    let dir = common::temp_dir("synth-f16-cli");
+    let (ok, _, stderr) = graphrun(&[
+        "synth",
+        "--config",
+        config,
+        "--out",
+        dir.to_str().unwrap(),
+        "--dtype",
+        "f16",
+    ]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = graphrun(&["inspect", "--model", dir.to_str().unwrap()]);
+    assert!(ok && stdout.contains("stored as f16"), "{stdout}{stderr}");
+    let (ok, stdout, stderr) = graphrun(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().last().unwrap().split(',').count(), 4);
+    let (ok, _, stderr) = graphrun(&[
+        "synth",
+        "--config",
+        config,
+        "--out",
+        dir.to_str().unwrap(),
+        "--dtype",
+        "f8",
+    ]);
+    assert!(
+        !ok && stderr.contains("--dtype f8: expected f32, bf16 or f16"),
+        "{stderr}"
+    );
 }

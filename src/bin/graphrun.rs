@@ -224,6 +224,7 @@ struct SynthArgs {
     config: PathBuf,
     #[arg(long)]
     out: PathBuf,
+    /// Weights' dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     dtype: String,
     #[arg(long, default_value_t = 0)]
@@ -346,6 +347,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     .to_vec(),
                 _ => return Err(Error::Input("give --prompt-ids or --prompt".into()).into()),
             };
+            // The session would refuse it too, without the flag's name.
+            if prompt.is_empty() {
+                let given = match &a.prompt {
+                    Some(text) => format!("--prompt {text:?}: the text encodes to no tokens"),
+                    None => "--prompt-ids: no token ids given".to_string(),
+                };
+                return Err(Error::Input(format!("{given}; the prompt needs at least one")).into());
+            }
             let model = load_model(&a.model, &cli.graphs, &a.schedule, &a.placement)?;
             let opts = GenerateOptions {
                 max_new_tokens: a.max_new_tokens,
@@ -465,26 +474,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 msg: e.to_string(),
             })?;
             let plan = ModelPlan::from_json_str(&text, &a.config.display().to_string())?;
-            let dtype = match a.dtype.as_str() {
-                "f32" => SynthDtype::F32,
-                "bf16" => SynthDtype::Bf16,
-                other => {
-                    return Err(
-                        Error::Input(format!("--dtype {other}: expected f32 or bf16")).into(),
-                    )
-                }
-            };
+            let dtype: SynthDtype = a
+                .dtype
+                .parse()
+                .map_err(|e| Error::Input(format!("--dtype {e}")))?;
             let opts = SynthOptions {
                 dtype,
                 seed: a.seed,
                 shard_bytes: a.shard_mib.max(1) << 20,
             };
             synth::write(&plan, &text, &a.out, &opts)?;
-            eprintln!(
-                "wrote a random {} checkpoint to {}",
-                a.dtype,
-                a.out.display()
-            );
+            eprintln!("wrote a random {dtype} checkpoint to {}", a.out.display());
         }
         Command::Bench(a) => {
             let text = std::fs::read_to_string(&a.config).map_err(|e| Error::Io {
