@@ -654,3 +654,28 @@ fn synth_f16_loads_and_runs() {
         "{stderr}"
     );
 }
+
+/// Run by `gpu_skips_reach_ci_output` in a child process.
+#[test]
+#[ignore = "a probe that gpu_skips_reach_ci_output runs"]
+fn gpu_skip_probe() {
+    let _ = common::gpu::gpu_or_skip();
+}
+
+/// A GPU test without a device says so where CI sees it: the harness drops a passing test's
+/// captured output (println! and eprintln! alike), so the line must get past the capture.
+#[test]
+fn gpu_skips_reach_ci_output() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "gpu_skip_probe", "--include-ignored"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let skipped = stderr.contains("SKIPPED gpu_skip_probe: no CUDA device");
+    assert_eq!(
+        skipped,
+        graphrun::exec::cuda::probe().is_err(),
+        "stderr:\n{stderr}"
+    );
+}
