@@ -17,6 +17,8 @@ pub enum Error {
     Exec(#[from] crate::exec::cpu::ExecError),
     #[error(transparent)]
     Cuda(#[from] crate::exec::cuda::CudaError),
+    #[error(transparent)]
+    Logits(#[from] crate::runtime::LogitsError),
     /// A request the model cannot take (bad token id, empty prompt, bad sampling setting).
     #[error("{0}")]
     Input(String),

@@ -27,6 +27,29 @@ type Encoded = (String, DType, Vec<usize>, Vec<u8>);
 pub enum SynthDtype {
     F32,
     Bf16,
+    F16,
+}
+
+impl std::str::FromStr for SynthDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(SynthDtype::F32),
+            "bf16" => Ok(SynthDtype::Bf16),
+            "f16" => Ok(SynthDtype::F16),
+            other => Err(format!("{other}: expected f32, bf16 or f16")),
+        }
+    }
+}
+
+impl std::fmt::Display for SynthDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SynthDtype::F32 => "f32",
+            SynthDtype::Bf16 => "bf16",
+            SynthDtype::F16 => "f16",
+        })
+    }
 }
 
 pub struct SynthOptions {
@@ -64,6 +87,7 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
         let encode = |v: &[f32]| match opts.dtype {
             SynthDtype::F32 => (DType::F32, checkpoint::f32_bytes(v)),
             SynthDtype::Bf16 => (DType::BF16, checkpoint::f32_to_bf16_bytes(v)),
+            SynthDtype::F16 => (DType::F16, checkpoint::f32_to_f16_bytes(v)),
         };
         match (name.strip_suffix("ngram_embedding.weight"), &plan.ple) {
             (Some(base), Some(ple)) => {

@@ -1445,7 +1445,7 @@ fn bad_synth_dtype_is_refused() {
             "--dtype",
             "f64",
         ]),
-        &["--dtype f64", "f32 or bf16"],
+        &["--dtype f64", "expected f32, bf16 or f16"],
     );
 }
 

@@ -5,7 +5,6 @@
 
 mod common;
 
-use graphrun::exec::cuda::probe;
 use graphrun::ir::LogitsMode;
 use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
 
@@ -20,8 +19,7 @@ fn cuda() -> ModelOptions {
 
 #[test]
 fn fixtures_on_the_gpu() {
-    if let Err(e) = probe() {
-        println!("GPU end-to-end tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh");
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     for dir in common::fixture_dirs() {
@@ -75,7 +73,7 @@ fn fixtures_on_the_gpu() {
 /// one size (the second and later are replays) and decode steps (replays from the second on).
 #[test]
 fn graph_replay_equals_eager() {
-    if probe().is_err() {
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     for dir in common::fixture_dirs() {
@@ -123,7 +121,7 @@ fn graph_replay_equals_eager() {
 /// and eager, with the overlap on (the default) and off.
 #[test]
 fn programmatic_launch_changes_no_bits() {
-    if probe().is_err() {
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     for dir in common::fixture_dirs() {
@@ -165,7 +163,7 @@ fn programmatic_launch_changes_no_bits() {
 /// the same logits as graph replay.
 #[test]
 fn sync_each_node_gives_the_same_logits() {
-    if probe().is_err() {
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     let dir = common::repo().join("tests/fixtures/tiny-long-f32");
@@ -202,8 +200,7 @@ fn sync_each_node_gives_the_same_logits() {
 /// every position within the bound of the CPU's, in one chunk and in chunks of 100 + the rest.
 #[test]
 fn long_prompts_take_the_prefill_variants() {
-    if let Err(e) = probe() {
-        println!("GPU end-to-end tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh");
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     for dir in common::fixture_dirs() {
@@ -261,7 +258,7 @@ fn long_prompts_take_the_prefill_variants() {
 /// output slot. Eager and replayed decode steps within the bound of the CPU executor.
 #[test]
 fn wide_gdn_heads_take_the_unfused_launches() {
-    if probe().is_err() {
+    if !common::gpu::cuda_or_skip() {
         return;
     }
     let tiny = common::repo().join("models/tiny-qwen4exp/config.json");

@@ -1,5 +1,6 @@
 //! The `graphrun` command line: a thin shell over the library.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -124,7 +125,9 @@ struct Placement {
     /// Where to run: cpu (the reference), cuda (GPU 0), or auto (cuda when present, else cpu with a notice).
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
-    /// Longest context a GPU session holds (its caches are preallocated).
+    /// Most tokens a session holds (the prompt and each generated token fed back: all but the
+    /// last), on every device; on a GPU its caches are preallocated for it. Default:
+    /// max_position_embeddings on the CPU, min(max_position_embeddings, 8192) on a GPU.
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
     /// On the GPU, launch every step's kernels eagerly instead of replaying CUDA graphs.
@@ -243,6 +246,7 @@ struct SynthArgs {
     config: PathBuf,
     #[arg(long)]
     out: PathBuf,
+    /// Weights' dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     dtype: String,
     #[arg(long, default_value_t = 0)]
@@ -293,13 +297,51 @@ fn graph_set(graphs: &Option<PathBuf>) -> Result<GraphSet, Error> {
     })
 }
 
-fn run(cli: Cli) -> Result<(), Error> {
+/// Why a command stopped before the end.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Lib(Error),
+    /// stdout's reader went away (`graphrun lower | head -1`): nobody wants the rest, which is
+    /// not a failure.
+    #[error("stdout was closed")]
+    StdoutClosed,
+}
+
+// Every library error converts, so that `?` works on each stage's own error type.
+impl<E: Into<Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Lib(e.into())
+    }
+}
+
+/// Writes `text` and a newline to stdout, flushed, so that a write error surfaces here as a
+/// value (`println!` panics on one): a closed pipe is [`Failure::StdoutClosed`], anything else (a
+/// full disk) an error naming stdout.
+fn print_line(text: &str) -> Result<(), Failure> {
+    let mut stdout = io::stdout().lock();
+    let written = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    written.map_err(|e| match e.kind() {
+        io::ErrorKind::BrokenPipe => Failure::StdoutClosed,
+        _ => Failure::Lib(Error::Io {
+            path: "stdout".into(),
+            msg: format!("cannot write the output: {e}"),
+        }),
+    })
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Run(a) => {
             let sampling = match (a.greedy, a.temperature) {
                 (_, None) => {
                     if a.top_k.is_some() || a.top_p.is_some() {
-                        return Err(Error::Input("--top-k/--top-p need --temperature".into()));
+                        return Err(
+                            Error::Input("--top-k/--top-p need --temperature".into()).into()
+                        );
                     }
                     Sampling::Greedy
                 }
@@ -325,8 +367,16 @@ fn run(cli: Cli) -> Result<(), Error> {
                     })?
                     .get_ids()
                     .to_vec(),
-                _ => return Err(Error::Input("give --prompt-ids or --prompt".into())),
+                _ => return Err(Error::Input("give --prompt-ids or --prompt".into()).into()),
             };
+            // The session would refuse it too, without the flag's name.
+            if prompt.is_empty() {
+                let given = match &a.prompt {
+                    Some(text) => format!("--prompt {text:?}: the text encodes to no tokens"),
+                    None => "--prompt-ids: no token ids given".to_string(),
+                };
+                return Err(Error::Input(format!("{given}; the prompt needs at least one")).into());
+            }
             let model = load_model(&a.model, &cli.graphs, &a.schedule, &a.placement)?;
             let opts = GenerateOptions {
                 max_new_tokens: a.max_new_tokens,
@@ -339,15 +389,10 @@ fn run(cli: Cli) -> Result<(), Error> {
                     path: a.model.join("tokenizer.json").display().to_string(),
                     msg: e.to_string(),
                 })?;
-                println!("{text}");
+                print_line(&text)?;
             }
-            println!(
-                "{}",
-                out.iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
+            let ids: Vec<String> = out.iter().map(|t| t.to_string()).collect();
+            print_line(&ids.join(","))?;
         }
         Command::Logits(a) => {
             let prompt = parse_ids(&a.prompt_ids)?;
@@ -378,9 +423,9 @@ fn run(cli: Cli) -> Result<(), Error> {
                 "all" => LogitsMode::All,
                 "last" => LogitsMode::Last,
                 other => {
-                    return Err(Error::Input(format!(
-                        "--logits {other}: expected all or last"
-                    )))
+                    return Err(
+                        Error::Input(format!("--logits {other}: expected all or last")).into(),
+                    )
                 }
             };
             let tokens = match a.phase {
@@ -390,7 +435,8 @@ fn run(cli: Cli) -> Result<(), Error> {
             if a.phase == Phase::Decode && a.tokens.is_some_and(|t| t != 1) {
                 return Err(Error::Input(
                     "--phase decode has exactly one token; drop --tokens".into(),
-                ));
+                )
+                .into());
             }
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
             opts.device = a.device;
@@ -413,14 +459,14 @@ fn run(cli: Cli) -> Result<(), Error> {
                 p.values.iter().map(|v| v.bytes).sum::<usize>()
             );
             match a.format {
-                LowerFormat::Ron => println!("{}", p.to_ron()),
-                LowerFormat::Kernels => print!("{}", lower::dot::kernel_table(p)),
-                LowerFormat::Dot => print!("{}", lower::dot::to_dot(p, &graphs.fusions)),
+                LowerFormat::Ron => print_line(&p.to_ron())?,
+                LowerFormat::Kernels => print_line(lower::dot::kernel_table(p).trim_end())?,
+                LowerFormat::Dot => print_line(lower::dot::to_dot(p, &graphs.fusions).trim_end())?,
             }
         }
         Command::Inspect(a) => {
             let plan = ModelPlan::from_model_dir(&a.model)?;
-            println!("{plan}");
+            print_line(&plan.to_string())?;
             let model = Model::load(
                 &a.model,
                 ModelOptions {
@@ -433,11 +479,11 @@ fn run(cli: Cli) -> Result<(), Error> {
                 .names()
                 .map(|n| model.weights.get(n).unwrap().data.len())
                 .sum();
-            println!(
+            print_line(&format!(
                 "checkpoint: contract holds: {} weights, {params} parameters, stored as {}",
                 model.weights.len(),
                 model.weight_dtype
-            );
+            ))?;
             if !model.unused_tensors.is_empty() {
                 let shown: Vec<&str> = model
                     .unused_tensors
@@ -445,12 +491,12 @@ fn run(cli: Cli) -> Result<(), Error> {
                     .take(8)
                     .map(|s| s.as_str())
                     .collect();
-                println!(
+                print_line(&format!(
                     "checkpoint: {} tensor(s) not used by the text model (mtp.*, model.visual.*, ...): {}{}",
                     model.unused_tensors.len(),
                     shown.join(", "),
                     if model.unused_tensors.len() > 8 { ", ..." } else { "" }
-                );
+                ))?;
             }
         }
         Command::Synth(a) => {
@@ -459,26 +505,17 @@ fn run(cli: Cli) -> Result<(), Error> {
                 msg: e.to_string(),
             })?;
             let plan = ModelPlan::from_json_str(&text, &a.config.display().to_string())?;
-            let dtype = match a.dtype.as_str() {
-                "f32" => SynthDtype::F32,
-                "bf16" => SynthDtype::Bf16,
-                other => {
-                    return Err(Error::Input(format!(
-                        "--dtype {other}: expected f32 or bf16"
-                    )))
-                }
-            };
+            let dtype: SynthDtype = a
+                .dtype
+                .parse()
+                .map_err(|e| Error::Input(format!("--dtype {e}")))?;
             let opts = SynthOptions {
                 dtype,
                 seed: a.seed,
                 shard_bytes: a.shard_mib.max(1) << 20,
             };
             synth::write(&plan, &text, &a.out, &opts)?;
-            eprintln!(
-                "wrote a random {} checkpoint to {}",
-                a.dtype,
-                a.out.display()
-            );
+            eprintln!("wrote a random {dtype} checkpoint to {}", a.out.display());
         }
         Command::Bench(a) => {
             let text = std::fs::read_to_string(&a.config).map_err(|e| Error::Io {
@@ -501,7 +538,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 trace: a.trace,
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
-            println!("{report}");
+            print_line(&report.to_string())?;
             if let Some(path) = &a.json {
                 let json =
                     serde_json::to_string_pretty(&report).expect("a report always serialises");
@@ -526,7 +563,7 @@ fn load_tokenizer(dir: &std::path::Path) -> Result<tokenizers::Tokenizer, Error>
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(Failure::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

@@ -21,7 +21,8 @@ pub enum LowerError {
     Rule { rule: String, msg: String },
     #[error("--rule {arg}: {msg}")]
     Override { arg: String, msg: String },
-    /// A lowering option that cannot be (zero tokens, a multi-token decode).
+    /// A lowering option that cannot be (zero tokens, more than the model's positions, a
+    /// multi-token decode).
     #[error("{0}")]
     Options(String),
     /// The chosen variant's kernels do not take the node.
@@ -35,6 +36,8 @@ pub enum LowerError {
         kernels: String,
         why: String,
     },
+    #[error(transparent)]
+    Size(#[from] crate::passes::memplan::SizeError),
     #[error("lowered program is invalid at node `{node}`: {msg}")]
     Invalid { node: String, msg: String },
 }

@@ -89,6 +89,13 @@ pub fn lower(
             "--tokens 0: a step needs at least one token".into(),
         ));
     }
+    // A step longer than the longest sequence the model takes can never run.
+    if opts.tokens > plan.max_position_embeddings {
+        return Err(LowerError::Options(format!(
+            "--tokens {}: more than max_position_embeddings = {}, the longest sequence the model takes",
+            opts.tokens, plan.max_position_embeddings
+        )));
+    }
     if opts.phase == Phase::Decode && opts.tokens != 1 {
         return Err(LowerError::Options(format!(
             "--tokens {}: decode steps have exactly one token",
@@ -152,7 +159,7 @@ pub fn lower(
         weight_format: opts.format(),
     };
     passes::schedule::run(&mut program, &rules, &schedule)?;
-    passes::memplan::run(&mut program);
+    passes::memplan::run(&mut program)?;
     passes::segment::run(&mut program);
     passes::validate::run(&program)?;
     Ok(Lowered {

@@ -5,6 +5,8 @@
 //! 2. Sizes: every value's rows are static. The program's input has `tokens` rows; a node's
 //!    outputs have the rows of its first input, except `LastRow`, whose output has one. Bytes per
 //!    row come from the element type ([`row_bytes`]); set on `ValueInfo::rows` and `bytes`.
+//!    Sizes are computed with checked arithmetic: a step too large to address (absurdly many
+//!    tokens) is a [`SizeError`] naming the value, not a wrapped size.
 //! 3. Arena: every value gets a byte offset (`ValueInfo::offset`, a multiple of [`ALIGN`]) in one
 //!    buffer of `Program::arena_bytes`, so an executor allocates once per step shape and every
 //!    value has a fixed address (what CUDA-graph replay needs).
@@ -37,9 +39,34 @@ pub fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-pub fn run(program: &mut Program) {
+/// [`align_up`], or `None` past `usize::MAX`.
+fn checked_align_up(n: usize) -> Option<usize> {
+    n.div_ceil(ALIGN).checked_mul(ALIGN)
+}
+
+/// A size that does not fit in `usize`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error(
+        "memory plan: value `{value}` of {rows} rows of {width} columns overflows the address \
+         space (the step has {tokens} tokens)"
+    )]
+    Value {
+        value: String,
+        rows: usize,
+        width: usize,
+        tokens: usize,
+    },
+    #[error(
+        "memory plan: the step's values together overflow the address space (the step has \
+         {tokens} tokens)"
+    )]
+    Arena { tokens: usize },
+}
+
+pub fn run(program: &mut Program) -> Result<(), SizeError> {
     mark_last_use(program);
-    plan_arena(program);
+    plan_arena(program)
 }
 
 /// Marks every value (but the program's input and output) on the node that reads or writes it
@@ -64,10 +91,18 @@ fn mark_last_use(program: &mut Program) {
 }
 
 /// Sets every value's rows, bytes and offset, and the program's arena size.
-fn plan_arena(program: &mut Program) {
-    let sizes = sizes(program);
+fn plan_arena(program: &mut Program) -> Result<(), SizeError> {
+    let sizes = sizes(program)?;
     let life = lifetimes(program);
     let bytes: Vec<usize> = sizes.iter().map(|s| s.1).collect();
+    // Every offset plus its size is at most the sum of all aligned sizes, so once that sum fits,
+    // `place` cannot overflow.
+    bytes
+        .iter()
+        .try_fold(0usize, |sum, &b| sum.checked_add(checked_align_up(b)?))
+        .ok_or(SizeError::Arena {
+            tokens: program.tokens,
+        })?;
     let (offsets, arena) = place(&bytes, &life);
     for (v, ((rows, bytes), offset)) in program
         .values
@@ -79,17 +114,18 @@ fn plan_arena(program: &mut Program) {
         v.offset = offset;
     }
     program.arena_bytes = arena;
+    Ok(())
 }
 
 /// Bytes of one row of a value of type `ty` and `width` columns made by `producer`: f32 `4 *
 /// width`, i64 `8 * width`, a QSA selection `4 * (2 + budget/block)` (`i32 [T, 2 + K]`:
 /// `visible`, `count`, then `K = budget/block` block ids, docs/cuda-plan.md), its `budget` and
 /// `block` those of the producing `IndexerSelect` or `IndexerSelectQk` (K = 0 for any other producer, which
-/// `validate` rejects).
-pub fn row_bytes(ty: ValueType, width: usize, producer: Option<&Op<usize>>) -> usize {
+/// `validate` rejects). `None` past `usize::MAX`.
+pub fn row_bytes(ty: ValueType, width: usize, producer: Option<&Op<usize>>) -> Option<usize> {
     match ty {
-        ValueType::F32 => 4 * width,
-        ValueType::I64 => 8 * width,
+        ValueType::F32 => width.checked_mul(4),
+        ValueType::I64 => width.checked_mul(8),
         ValueType::Selection => {
             let keep = match producer {
                 Some(
@@ -98,24 +134,26 @@ pub fn row_bytes(ty: ValueType, width: usize, producer: Option<&Op<usize>>) -> u
                 ) if *block > 0 => budget / block,
                 _ => 0,
             };
-            4 * (2 + keep)
+            keep.checked_add(2)?.checked_mul(4)
         }
     }
 }
 
 /// Bytes of a value of `rows` rows (see [`row_bytes`]): what an executor's buffer for it holds.
+/// `None` past `usize::MAX`.
 pub fn value_bytes(
     ty: ValueType,
     width: usize,
     rows: usize,
     producer: Option<&Op<usize>>,
-) -> usize {
-    rows * row_bytes(ty, width, producer)
+) -> Option<usize> {
+    rows.checked_mul(row_bytes(ty, width, producer)?)
 }
 
 /// `(rows, bytes)` of every value, in the order of `program.values`. A value that is neither the
-/// input nor produced (which `validate` rejects) gets `tokens` rows.
-pub fn sizes(program: &Program) -> Vec<(usize, usize)> {
+/// input nor produced (which `validate` rejects) gets `tokens` rows. An error names the first
+/// value whose bytes overflow `usize`.
+pub fn sizes(program: &Program) -> Result<Vec<(usize, usize)>, SizeError> {
     let index = value_index(program);
     let mut rows: Vec<Option<usize>> = vec![None; program.values.len()];
     let mut producer: Vec<Option<&Op<usize>>> = vec![None; program.values.len()];
@@ -147,7 +185,14 @@ pub fn sizes(program: &Program) -> Vec<(usize, usize)> {
         .enumerate()
         .map(|(i, v)| {
             let r = rows[i].unwrap_or(program.tokens);
-            (r, value_bytes(v.ty, v.width, r, producer[i]))
+            let bytes =
+                value_bytes(v.ty, v.width, r, producer[i]).ok_or_else(|| SizeError::Value {
+                    value: v.name.clone(),
+                    rows: r,
+                    width: v.width,
+                    tokens: program.tokens,
+                })?;
+            Ok((r, bytes))
         })
         .collect()
 }
@@ -413,6 +458,44 @@ mod tests {
             let p = lowered(config, device, phase, tokens);
             check_program(&p);
         }
+    }
+
+    /// A step too large to address is an error naming the value, not a wrapped size: 2^61
+    /// tokens of 8-byte ids alone make 2^64 bytes.
+    #[test]
+    fn overflowing_sizes_are_errors() {
+        let mut p = lowered(
+            "models/tiny-qwen4exp/config.json",
+            Device::Cpu,
+            Phase::Prefill,
+            8,
+        );
+        let planned = p.clone();
+        p.tokens = 1 << 61;
+        let err = run(&mut p).unwrap_err();
+        let SizeError::Value { value, rows, .. } = &err else {
+            panic!("{err}")
+        };
+        assert!(p.value(value).is_some() && *rows == 1 << 61, "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("value `{value}` of 2305843009213693952 rows")),
+            "{err}"
+        );
+        // The sizes are left as they were.
+        assert_eq!(p.values, planned.values);
+        assert_eq!(p.arena_bytes, planned.arena_bytes);
+
+        // Each value fits, the arena does not.
+        p.tokens = 1 << 50;
+        let each = sizes(&p).expect("each value fits");
+        assert!(
+            each.iter()
+                .try_fold(0usize, |sum, s| sum.checked_add(s.1))
+                .is_none(),
+            "the values together must overflow for this check"
+        );
+        assert_eq!(run(&mut p), Err(SizeError::Arena { tokens: 1 << 50 }));
     }
 
     #[test]

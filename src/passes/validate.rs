@@ -158,7 +158,7 @@ fn check_arena(program: &Program) -> Result<(), LowerError> {
             memplan::ALIGN
         )));
     }
-    for (v, (rows, bytes)) in program.values.iter().zip(memplan::sizes(program)) {
+    for (v, (rows, bytes)) in program.values.iter().zip(memplan::sizes(program)?) {
         if (v.rows, v.bytes) != (rows, bytes) {
             return Err(invalid(format!(
                 "value `{}` is planned as {} rows, {} bytes; its producer makes {rows} rows, \

@@ -6,4 +6,4 @@ pub mod session;
 
 pub use model::{Backend, DeviceChoice, Model, ModelOptions};
 pub use sampling::{Sampler, Sampling};
-pub use session::{GenerateOptions, Logits, Session};
+pub use session::{GenerateOptions, Logits, LogitsError, Session};

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exec::cuda::executor::DeviceWeights;
 use crate::exec::cuda::{self, Gpu};
 use crate::ir::{LogitsMode, Phase, Program};
@@ -33,8 +33,10 @@ pub struct ModelOptions {
     /// On the GPU, launch the nodes of these op kinds twice (measurement only: see
     /// `exec::cuda::executor::DeviceState::set_launch_twice`; results may be wrong).
     pub cuda_launch_twice: Vec<String>,
-    /// Longest context a CUDA session holds (its KV caches are preallocated); default
-    /// min(max_position_embeddings, 8192).
+    /// Longest sequence a session holds, on every device (`Session::capacity`): a step past it
+    /// is refused. A CUDA session preallocates its caches for it (rounded up to the indexer's
+    /// block); unset, a CUDA session holds min(max_position_embeddings, 8192), a CPU session
+    /// max_position_embeddings.
     pub context_capacity: Option<usize>,
 }
 
@@ -63,6 +65,21 @@ impl ModelOptions {
             Some(d) => GraphSet::load_dir(d)?,
             None => GraphSet::embedded()?,
         })
+    }
+}
+
+/// A context bound (`--context`) must hold a token and stay within the model's positions.
+fn check_context(plan: &ModelPlan, context: Option<usize>) -> Result<()> {
+    let max = plan.max_position_embeddings;
+    match context {
+        Some(0) => Err(Error::Input(
+            "--context 0: a session needs room for at least one token".into(),
+        )),
+        Some(c) if c > max => Err(Error::Input(format!(
+            "--context {c}: more than max_position_embeddings = {max}, the longest sequence the \
+             model takes"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -124,6 +141,7 @@ impl Model {
     /// before anything is converted.
     pub fn load(dir: &Path, options: ModelOptions) -> Result<Model> {
         let plan = ModelPlan::from_model_dir(dir)?;
+        check_context(&plan, options.context_capacity)?;
         let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
         let probe = lower::lower(

@@ -62,27 +62,56 @@ impl Sampler {
         })
     }
 
-    pub fn next(&mut self, logits: &[f32]) -> u32 {
+    /// The next token from `logits`; an error names the first logit no choice can be made
+    /// from: NaN (which `argmax` would pass over, or stop at at index 0), or, when sampling,
+    /// +inf (its softmax is NaN).
+    pub fn next(&mut self, logits: &[f32]) -> Result<u32, BadLogit> {
         match self.sampling.clone() {
-            Sampling::Greedy => argmax(logits),
+            Sampling::Greedy => {
+                check_logits(logits, false)?;
+                Ok(argmax(logits))
+            }
             Sampling::Sample {
                 temperature,
                 top_k,
                 top_p,
                 ..
             } => {
+                check_logits(logits, true)?;
                 let candidates = filter(logits, temperature, top_k, top_p);
                 let r: f64 = self.rng.random::<f64>();
                 let mut acc = 0.0f64;
                 for &(id, p) in &candidates {
                     acc += p;
                     if r < acc {
-                        return id;
+                        return Ok(id);
                     }
                 }
-                candidates.last().map(|c| c.0).unwrap_or(0)
+                Ok(candidates.last().map(|c| c.0).unwrap_or(0))
             }
         }
+    }
+}
+
+/// A logit no token can be chosen from: `token` is its index in the row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BadLogit {
+    pub token: usize,
+    pub value: f32,
+}
+
+/// The first NaN of `logits` (and, with `finite`, the first +inf): no choice can be made from
+/// them. -inf is a masked token and stays allowed.
+pub fn check_logits(logits: &[f32], finite: bool) -> Result<(), BadLogit> {
+    match logits
+        .iter()
+        .position(|v| v.is_nan() || (finite && *v == f32::INFINITY))
+    {
+        Some(token) => Err(BadLogit {
+            token,
+            value: logits[token],
+        }),
+        None => Ok(()),
     }
 }
 
@@ -158,7 +187,7 @@ mod tests {
         })
         .unwrap();
         for _ in 0..20 {
-            assert_eq!(s.next(&logits), 1);
+            assert_eq!(s.next(&logits), Ok(1));
         }
     }
 
@@ -173,7 +202,9 @@ mod tests {
                 seed,
             })
             .unwrap();
-            (0..32).map(|_| s.next(&logits)).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| s.next(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));
@@ -185,6 +216,41 @@ mod tests {
         assert_eq!(probs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2]);
         let probs = filter(&[0.0, (3.0f32).ln(), (6.0f32).ln()], 1.0, None, Some(0.8));
         assert_eq!(probs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    /// NaN is never a choice (argmax alone would give 0 for a row of NaN); sampling refuses
+    /// +inf too; -inf is a masked token.
+    #[test]
+    fn nan_logits_are_errors() {
+        // top-k 1: the sampled choice is the greedy one.
+        let sample = Sampling::Sample {
+            temperature: 1.0,
+            top_k: Some(1),
+            top_p: None,
+            seed: 0,
+        };
+        let nan = f32::NAN;
+        for sampling in [Sampling::Greedy, sample.clone()] {
+            let mut s = Sampler::new(sampling.clone()).unwrap();
+            let err = s.next(&[nan; 4]).unwrap_err();
+            assert!(err.token == 0 && err.value.is_nan(), "{sampling:?}");
+            let err = s.next(&[1.0, 2.0, nan, 0.5]).unwrap_err();
+            assert_eq!(err.token, 2, "{sampling:?}");
+            assert_eq!(
+                s.next(&[f32::NEG_INFINITY, 1.0, 0.5]),
+                Ok(1),
+                "{sampling:?}"
+            );
+        }
+        let inf = [1.0, f32::INFINITY, 0.5];
+        assert_eq!(Sampler::new(Sampling::Greedy).unwrap().next(&inf), Ok(1));
+        assert_eq!(
+            Sampler::new(sample).unwrap().next(&inf),
+            Err(BadLogit {
+                token: 1,
+                value: f32::INFINITY
+            })
+        );
     }
 
     #[test]

@@ -10,7 +10,52 @@ use crate::exec::{cpu, SessionState};
 use crate::ir::{LogitsMode, Phase, Program};
 
 use super::model::{Backend, Model};
-use super::sampling::{argmax, Sampler, Sampling};
+use super::sampling::{argmax, check_logits, BadLogit, Sampler, Sampling};
+
+/// A step's logits no token can be chosen from (a NaN: the model's numbers broke down). The
+/// step ran: the session holds its tokens.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "the logits at position {position}{} hold {value} at token id {token}: no next token can be \
+     chosen (the model's numbers broke down)",
+    step_note(.step)
+)]
+pub struct LogitsError {
+    /// The position of the token whose logits these are.
+    pub position: usize,
+    /// Which new token of `generate` they were to choose (0: the first), if it was generating.
+    pub step: Option<usize>,
+    pub token: usize,
+    pub value: f32,
+}
+
+fn step_note(step: &Option<usize>) -> String {
+    step.map(|s| format!(" (generation step {s})"))
+        .unwrap_or_default()
+}
+
+/// What bounds a session's length (see [`Session::capacity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// `max_position_embeddings`.
+    Positions,
+    /// `ModelOptions::context_capacity` (`--context`).
+    Context,
+    /// A GPU session's preallocated caches, at their default size.
+    Device,
+}
+
+impl Bound {
+    fn describe(self, limit: usize) -> String {
+        match self {
+            Bound::Positions => format!("max_position_embeddings = {limit}"),
+            Bound::Context => format!("--context {limit}"),
+            Bound::Device => {
+                format!("this session's device capacity of {limit} (raise it with --context)")
+            }
+        }
+    }
+}
 
 /// Logits `[rows, vocab]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,6 +204,28 @@ impl<'m> Session<'m> {
         &self.state
     }
 
+    /// The longest sequence this session holds: `max_position_embeddings`, bounded by
+    /// `ModelOptions::context_capacity` (`--context`) on every device and, on a GPU, by its
+    /// preallocated caches.
+    pub fn capacity(&self) -> usize {
+        self.limit().0
+    }
+
+    /// [`Self::capacity`] and what sets it (ties: the explicit `--context` first).
+    fn limit(&self) -> (usize, Bound) {
+        let mut bounds = vec![(self.model.plan.max_position_embeddings, Bound::Positions)];
+        if let Some(c) = self.model.options().context_capacity {
+            bounds.insert(0, (c, Bound::Context));
+        }
+        if let Some(d) = &self.device_state {
+            bounds.push((d.capacity, Bound::Device));
+        }
+        bounds
+            .into_iter()
+            .min_by_key(|b| b.0)
+            .expect("max_position_embeddings is always a bound")
+    }
+
     fn check_tokens(&self, ids: &[u32]) -> Result<()> {
         if ids.is_empty() {
             return Err(Error::Input("no tokens given".into()));
@@ -171,19 +238,12 @@ impl<'m> Session<'m> {
             )));
         }
         let end = self.position() + ids.len();
-        if end > self.model.plan.max_position_embeddings {
+        let (limit, bound) = self.limit();
+        if end > limit {
             return Err(Error::Input(format!(
-                "context of {end} tokens exceeds max_position_embeddings = {}",
-                self.model.plan.max_position_embeddings
+                "context of {end} tokens exceeds {}",
+                bound.describe(limit)
             )));
-        }
-        if let Some(d) = &self.device_state {
-            if end > d.capacity {
-                return Err(Error::Input(format!(
-                    "context of {end} tokens exceeds this session's device capacity of {} (raise it with --context)",
-                    d.capacity
-                )));
-            }
         }
         Ok(())
     }
@@ -209,13 +269,40 @@ impl<'m> Session<'m> {
     }
 
     /// Appends `ids` and returns the greedy choice of the next token: the first index of the
-    /// largest logit of the last row (`sampling::argmax`). On a GPU it is found on the device,
-    /// and only the id is downloaded.
+    /// largest logit of the last row (`sampling::argmax`). On the CPU a NaN logit is a
+    /// [`LogitsError`]. On a GPU the choice is made on the device and only the id is
+    /// downloaded, so a NaN is not seen: the device's argmax passes over it.
     pub fn greedy(&mut self, ids: &[u32]) -> Result<u32> {
+        self.greedy_step(ids, None)
+    }
+
+    /// [`Self::greedy`], a NaN logit's error naming `step` of a generation.
+    fn greedy_step(&mut self, ids: &[u32], step: Option<usize>) -> Result<u32> {
         let vocab = self.model.plan.vocab_size;
-        self.step(ids, LogitsMode::Last, executor::run_greedy, |data, _| {
-            argmax(&data[data.len() - vocab..])
-        })
+        let on_gpu = |gpu: &Gpu,
+                      program: &Program,
+                      weights: &DeviceWeights,
+                      state: &mut DeviceState,
+                      tokens: &[i64],
+                      graphs| {
+            executor::run_greedy(gpu, program, weights, state, tokens, graphs).map(Ok)
+        };
+        let chosen = self.step(ids, LogitsMode::Last, on_gpu, |data, _| {
+            let row = &data[data.len() - vocab..];
+            check_logits(row, false).map(|()| argmax(row))
+        })?;
+        chosen.map_err(|bad| self.logits_error(bad, step))
+    }
+
+    /// The error for `bad`, a logit of the row of the last token processed.
+    fn logits_error(&self, bad: BadLogit, step: Option<usize>) -> Error {
+        LogitsError {
+            position: self.position() - 1,
+            step,
+            token: bad.token,
+            value: bad.value,
+        }
+        .into()
     }
 
     /// One step over `ids`, the program lowered for `logits`: on a GPU, `on_gpu`'s result (an
@@ -274,10 +361,32 @@ impl<'m> Session<'m> {
         Ok(self.prefill(&[id], LogitsMode::Last)?.data)
     }
 
-    /// Prefills `prompt` and generates up to `max_new_tokens` tokens.
+    /// Prefills `prompt` and generates up to `max_new_tokens` tokens. Every new token but the
+    /// last is fed back, so the session must hold what it holds, the prompt and
+    /// `max_new_tokens - 1` tokens within [`Self::capacity`]: a request past it is refused
+    /// before any step runs, even one that an eos token might end early. A NaN logit is a
+    /// [`LogitsError`] naming its position and step.
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<u32>> {
         let mut sampler = Sampler::new(opts.sampling.clone())?;
         self.check_tokens(prompt)?;
+        let held = self.position() + prompt.len();
+        let (limit, bound) = self.limit();
+        let fed_back = opts.max_new_tokens.saturating_sub(1);
+        if held.checked_add(fed_back).is_none_or(|n| n > limit) {
+            let before = match self.position() {
+                0 => String::new(),
+                p => format!(" after the {p} this session holds"),
+            };
+            return Err(Error::Input(format!(
+                "--max-new-tokens {}: {} prompt tokens{before} and {} new ones (all but the \
+                 last fed back) need more than the context of {}; at most {} new tokens fit",
+                opts.max_new_tokens,
+                prompt.len(),
+                opts.max_new_tokens,
+                bound.describe(limit),
+                limit - held + 1
+            )));
+        }
         let mut out = Vec::new();
         if opts.max_new_tokens == 0 {
             return Ok(out);
@@ -286,9 +395,12 @@ impl<'m> Session<'m> {
         // logits); sampling needs the logits on the host.
         let greedy = matches!(opts.sampling, Sampling::Greedy);
         let mut next = if greedy {
-            self.greedy(prompt)?
+            self.greedy_step(prompt, Some(0))?
         } else {
-            sampler.next(self.prefill(prompt, LogitsMode::Last)?.last())
+            let logits = self.prefill(prompt, LogitsMode::Last)?;
+            sampler
+                .next(logits.last())
+                .map_err(|bad| self.logits_error(bad, Some(0)))?
         };
         loop {
             out.push(next);
@@ -296,11 +408,158 @@ impl<'m> Session<'m> {
             if out.len() >= opts.max_new_tokens || (opts.stop_on_eos && is_eos) {
                 return Ok(out);
             }
+            let step = Some(out.len());
             next = if greedy {
-                self.greedy(&[next])?
+                self.greedy_step(&[next], step)?
             } else {
-                sampler.next(&self.decode(next)?)
+                let logits = self.decode(next)?;
+                sampler
+                    .next(&logits)
+                    .map_err(|bad| self.logits_error(bad, step))?
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::lower::GraphSet;
+    use crate::plan::ModelPlan;
+    use crate::runtime::ModelOptions;
+    use crate::weights::Weights;
+
+    /// The tiny model with random weights, `edit`ed.
+    fn tiny(options: ModelOptions, edit: impl FnOnce(&mut Weights)) -> Model {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-qwen4exp/config.json");
+        let plan = ModelPlan::from_file(&config).unwrap();
+        let mut weights = crate::synth::random_weights(&plan, 1).unwrap();
+        edit(&mut weights);
+        Model::from_parts(plan, GraphSet::embedded().unwrap(), weights, options)
+    }
+
+    fn generate(model: &Model, prompt: &[u32], sampling: Sampling) -> Result<Vec<u32>> {
+        let opts = GenerateOptions {
+            max_new_tokens: 6,
+            sampling,
+            stop_on_eos: false,
+        };
+        model.session().generate(prompt, &opts)
+    }
+
+    /// A token whose embedding is NaN makes every logit after it NaN: generation stops with an
+    /// error naming the position and step (argmax alone would have chosen token 0), greedy and
+    /// sampled alike.
+    #[test]
+    fn nan_logits_are_errors_naming_position_and_step() {
+        let prompt = [5, 6, 7];
+        let clean = generate(&tiny(Default::default(), |_| {}), &prompt, Sampling::Greedy).unwrap();
+        // The first generated token fed back that is new to the sequence.
+        let k = (0..clean.len() - 1)
+            .find(|&k| !prompt.contains(&clean[k]) && !clean[..k].contains(&clean[k]))
+            .expect("a new token among the first five generated");
+        let bad = clean[k] as usize;
+        let poisoned = tiny(Default::default(), |w| {
+            let name = "model.embed_tokens.weight";
+            let mut e = w.get(name).unwrap().clone();
+            let cols = e.shape[1];
+            e.data[bad * cols..(bad + 1) * cols].fill(f32::NAN);
+            w.insert(name, e);
+        });
+        let top1 = Sampling::Sample {
+            temperature: 1.0,
+            top_k: Some(1),
+            top_p: None,
+            seed: 0,
+        };
+        for sampling in [Sampling::Greedy, top1] {
+            let err = generate(&poisoned, &prompt, sampling.clone()).unwrap_err();
+            let Error::Logits(e) = &err else {
+                panic!("{sampling:?}: {err}")
+            };
+            assert_eq!(
+                (e.position, e.step),
+                (prompt.len() + k, Some(k + 1)),
+                "{err}"
+            );
+            assert!(e.value.is_nan(), "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!(
+                    "position {} (generation step {})",
+                    prompt.len() + k,
+                    k + 1
+                )),
+                "{text}"
+            );
+        }
+        // A single greedy step says where, without a step.
+        let mut s = poisoned.session();
+        let err = s.greedy(&[1, bad as u32]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the logits at position 1 hold NaN"),
+            "{err}"
+        );
+    }
+
+    /// `context_capacity` (`--context`) bounds a CPU session: a step past it is refused, as is a
+    /// generation that would outgrow it, and neither changes the session.
+    #[test]
+    fn context_bounds_a_cpu_session() {
+        let model = tiny(
+            ModelOptions {
+                context_capacity: Some(4),
+                ..Default::default()
+            },
+            |_| {},
+        );
+        let mut s = model.session();
+        assert_eq!(s.capacity(), 4);
+        let err = s.prefill(&[1, 2, 3, 4, 5], LogitsMode::Last).unwrap_err();
+        assert!(err.to_string().contains("exceeds --context 4"), "{err}");
+        // 2 prompt tokens and 3 fed back of 4 new ones: 5 positions.
+        let opts = GenerateOptions {
+            max_new_tokens: 4,
+            sampling: Sampling::Greedy,
+            stop_on_eos: false,
+        };
+        let err = s.generate(&[1, 2], &opts).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--max-new-tokens 4: 2 prompt tokens and 4 new ones")
+                && err.to_string().contains("at most 3 new tokens fit"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 0);
+        s.prefill(&[1, 2, 3], LogitsMode::Last).unwrap();
+        let err = s.generate(&[4], &opts).unwrap_err();
+        assert!(
+            err.to_string().contains("after the 3 this session holds"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 3);
+        // Exactly full: the one new token is not fed back.
+        let fits = GenerateOptions {
+            max_new_tokens: 1,
+            ..opts
+        };
+        assert_eq!(s.generate(&[4], &fits).unwrap().len(), 1);
+        assert_eq!(s.position(), 4);
+        let err = s.decode(5).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("context of 5 tokens exceeds --context 4"),
+            "{err}"
+        );
+        assert_eq!(s.position(), 4);
+        // Unbounded, the model's positions are the limit.
+        let model = tiny(Default::default(), |_| {});
+        assert_eq!(
+            model.session().capacity(),
+            model.plan.max_position_embeddings
+        );
     }
 }

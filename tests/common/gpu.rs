@@ -1,6 +1,8 @@
 //! Helpers shared by the GPU tests (`tests/gpu_*.rs`): the device or a note that the tests run
 //! elsewhere, random inputs, bf16 rounding, and the error measures every kernel check uses.
 
+use std::io::Write;
+
 use graphrun::exec::cuda::{probe, Gpu};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -8,15 +10,32 @@ use rand_chacha::ChaCha8Rng;
 /// f32 math: ‖gpu − cpu‖ / ‖cpu‖ within this, and max |diff| / max |cpu| within ten times it.
 pub const F32_BOUND: f64 = 1e-5;
 
-/// The GPU, or None after saying where the GPU tests run.
+/// The GPU, or None after saying that the calling test is skipped ([`say_skipped`]).
 pub fn gpu_or_skip() -> Option<Gpu> {
+    cuda_or_skip().then(|| Gpu::new(0).expect("a CUDA device was probed but could not be opened"))
+}
+
+/// Whether a CUDA device is present; if not, says that the calling test is skipped.
+pub fn cuda_or_skip() -> bool {
     match probe() {
-        Ok(_) => Some(Gpu::new(0).expect("a CUDA device was probed but could not be opened")),
+        Ok(_) => true,
         Err(e) => {
-            println!("GPU tests did not run here ({e}); they run on the GPU machine: scripts/gpu_tests.sh, logs in results/");
-            None
+            say_skipped(&format!("no CUDA device ({e})"));
+            false
         }
     }
+}
+
+/// One line on the process's stderr naming the calling test as skipped. Written to the stream
+/// itself: the harness captures `println!` and `eprintln!` and drops a passing test's output,
+/// so CI would never see them. The harness names each test's thread after the test.
+pub fn say_skipped(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a GPU test");
+    let line = format!(
+        "SKIPPED {test}: {why}; GPU tests run on the GPU machine: scripts/gpu_tests.sh, logs in results/\n"
+    );
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Uniform in [-1, 1).
