@@ -269,9 +269,8 @@ impl<'m> Session<'m> {
     }
 
     /// Appends `ids` and returns the greedy choice of the next token: the first index of the
-    /// largest logit of the last row (`sampling::argmax`). On the CPU a NaN logit is a
-    /// [`LogitsError`]. On a GPU the choice is made on the device and only the id is
-    /// downloaded, so a NaN is not seen: the device's argmax passes over it.
+    /// largest logit of the last row (`sampling::argmax`). A NaN logit is a [`LogitsError`], on
+    /// the CPU and on a GPU (whose device argmax reports the row's first NaN instead of an id).
     pub fn greedy(&mut self, ids: &[u32]) -> Result<u32> {
         self.greedy_step(ids, None)
     }
@@ -285,7 +284,7 @@ impl<'m> Session<'m> {
                       state: &mut DeviceState,
                       tokens: &[i64],
                       graphs| {
-            executor::run_greedy(gpu, program, weights, state, tokens, graphs).map(Ok)
+            executor::run_greedy(gpu, program, weights, state, tokens, graphs)
         };
         let chosen = self.step(ids, LogitsMode::Last, on_gpu, |data, _| {
             let row = &data[data.len() - vocab..];

@@ -306,8 +306,8 @@ pub fn run(
 }
 
 /// As [`run`], but only the index of the largest logit of the step's last row comes back
-/// (`runtime::sampling::argmax`'s choice, found on the device): a greedy step downloads 8 bytes
-/// instead of its row of logits.
+/// (`runtime::sampling::argmax`'s choice, found on the device), or the first NaN of the row:
+/// a greedy step downloads 8 bytes instead of its row of logits.
 pub fn run_greedy(
     gpu: &Gpu,
     program: &Program,
@@ -315,7 +315,7 @@ pub fn run_greedy(
     state: &mut DeviceState,
     tokens: &[i64],
     graphs: bool,
-) -> Result<u32, CudaError> {
+) -> Result<Result<u32, crate::runtime::sampling::BadLogit>, CudaError> {
     let entered = std::time::Instant::now();
     let _step = gpu.lock_step();
     let (key, replayed) = launch_step(gpu, program, weights, state, tokens, graphs)?;
@@ -332,7 +332,7 @@ pub fn run_greedy(
     let key = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
         gpu.download(&io.greedy_key, "the greedy step's key")
     })?;
-    Ok(launch::sampling::argmax_index(key[0]))
+    Ok(launch::sampling::argmax_of(key[0]))
 }
 
 /// Waits for the step, then copies its result to the host with `download`; in replayed steps

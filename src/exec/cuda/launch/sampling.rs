@@ -6,14 +6,15 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use super::{launched, shape};
 use crate::exec::cuda::device::Gpu;
 use crate::exec::cuda::error::CudaError;
+use crate::runtime::sampling::BadLogit;
 
 /// Values a thread of `argmax_row_f32` looks at (its grid covers the row in one pass).
 const PER_THREAD: usize = 8;
 const THREADS: u32 = 256;
 
 /// Writes into `best` the key of the first index of the largest value of `x` (the choice of
-/// `runtime::sampling::argmax`, NaN included); [`argmax_index`] reads the index from it. `best`
-/// is zeroed first, on the stream.
+/// `runtime::sampling::argmax`), or of its first NaN; [`argmax_of`] reads the choice from it.
+/// `best` is zeroed first, on the stream.
 pub fn argmax_row(
     gpu: &Gpu,
     best: &mut CudaSlice<u64>,
@@ -52,4 +53,17 @@ pub fn argmax_row(
 /// The index `argmax_row` chose, from its key (the low 32 bits hold 0xffffffff - index).
 pub fn argmax_index(key: u64) -> u32 {
     u32::MAX - (key & 0xffff_ffff) as u32
+}
+
+/// The choice `argmax_row` made: the index of the largest value, or (`Err`) the first NaN's
+/// (a NaN's key has all its high 32 bits set, above every number's).
+pub fn argmax_of(key: u64) -> Result<u32, BadLogit> {
+    if key >> 32 == 0xffff_ffff {
+        Err(BadLogit {
+            token: argmax_index(key) as usize,
+            value: f32::NAN,
+        })
+    } else {
+        Ok(argmax_index(key))
+    }
 }
