@@ -126,6 +126,7 @@ impl Model {
         let plan = ModelPlan::from_model_dir(dir)?;
         let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
+        weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;
         let probe = lower::lower(
             &plan,
             &graphs,
