@@ -143,7 +143,7 @@ fn mutate_image(rng: &mut ChaCha8Rng, seed: &Image, how: &mut Vec<String>) -> Ve
             }
         }
         7 => {
-            if !data.is_empty() {
+            if data.len() >= 4 {
                 let at = rng.random_range(0..data.len() / 4) * 4;
                 let bits: u32 =
                     *fuzz_pick(rng, &[0x7FC0_0000, 0x7F80_0000, 0xFF80_0000, 0xFFFF_FFFF]);
@@ -215,7 +215,10 @@ fn semantic_header_edit(rng: &mut ChaCha8Rng, header: &mut Value) -> String {
     match rng.random_range(0..7) {
         0 => {
             // The same element count, another shape: the byte size still matches.
-            let total: u64 = shape.iter().product();
+            let total = shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .unwrap_or(u64::MAX);
             let new: Vec<u64> = match rng.random_range(0..3) {
                 0 => shape.iter().rev().copied().collect(),
                 1 => vec![total],
@@ -640,5 +643,37 @@ fn huge_sizes_are_refused_without_allocating_from_them() {
         let needle = format!("config.json {field} = {value}, but the checkpoint holds");
         assert!(err.contains(&needle), "{field}: {err}");
     }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Found by the `graphs` target (case 14735 of seed 1): a slice start near 2^64 in a graph file
+/// overflowed `start + len` in shape inference (a panic in debug builds). Now an error naming
+/// the node.
+#[test]
+fn graph_slice_past_the_width_is_an_error() {
+    let dir = common::temp_dir("fuzz-graph-slice");
+    copy_tree(&repo().join("graphs"), &dir);
+    let qsa = dir.join("qwen4exp/qsa.ron");
+    let text = fs::read_to_string(&qsa).unwrap();
+    let slice = "Slice(start: 0, len: \"iH*iD\")";
+    assert!(text.contains(slice), "qsa.ron has no {slice}");
+    fs::write(
+        &qsa,
+        text.replacen(
+            slice,
+            "Slice(start: 18446744073709551615, len: \"iH*iD\")",
+            1,
+        ),
+    )
+    .unwrap();
+    let graphs = GraphSet::load_dir(&dir).unwrap();
+    let plan = ModelPlan::from_model_dir(&repo().join("models/tiny-qwen4exp")).unwrap();
+    let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    let err = lower::lower(&plan, &graphs, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("qsa.ron")
+            && err.contains("slice [18446744073709551615, 18446744073709551615) exceeds width"),
+        "{err}"
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
