@@ -3,6 +3,8 @@
 //! answered with the field, not only with the tensors it broke: [`check_sizes`] before lowering
 //! (the layer count, which lowering's work grows with), and the contract's causes after.
 
+use std::collections::BTreeSet;
+
 use crate::checkpoint::Checkpoint;
 use crate::ir::WeightInfo;
 use crate::plan::{ConfigKind, ModelPlan};
@@ -89,24 +91,36 @@ fn pin(
     })
 }
 
-/// The layer count the checkpoint holds (its highest layer index plus one; 0 without layers).
-fn checkpoint_layers(ckpt: &Checkpoint) -> usize {
-    ["model.layers.", "model.language_model.layers."]
+/// The layers the checkpoint holds: how many distinct layer indices its names carry. Counted, not
+/// taken as the highest index plus one, since a name may carry any number
+/// (`model.layers.18446744073709551615.x`); so it never exceeds the tensor count.
+fn checkpoint_layers(ckpt: &Checkpoint) -> Held {
+    let indices: BTreeSet<usize> = ["model.layers.", "model.language_model.layers."]
         .iter()
         .flat_map(|p| ckpt.names_with_prefix(p))
         .filter_map(layer_of)
-        .max()
-        .map_or(0, |last| last + 1)
+        .collect();
+    Held {
+        count: indices.len(),
+        // Contiguous from 0 exactly when the last index is count - 1.
+        contiguous: indices.last().is_none_or(|&l| l == indices.len() - 1),
+    }
 }
 
-fn layers_mismatch(field: String, config: usize, held: usize) -> FieldMismatch {
+struct Held {
+    count: usize,
+    contiguous: bool,
+}
+
+fn layers_mismatch(field: String, config: usize, held: &Held) -> FieldMismatch {
     FieldMismatch {
         field,
         config,
-        checkpoint: held,
-        evidence: match held {
-            0 => "no tensor under model.layers. or model.language_model.layers.".to_string(),
-            n => format!("tensors of layers 0 to {}", n - 1),
+        checkpoint: held.count,
+        evidence: match (held.count, held.contiguous) {
+            (0, _) => "no tensor under model.layers. or model.language_model.layers.".to_string(),
+            (n, true) => format!("tensors of layers 0 to {}", n - 1),
+            (n, false) => format!("tensors of {n} distinct layer indices, not 0 to {}", n - 1),
         },
     }
 }
@@ -129,7 +143,7 @@ fn field_path(ckpt: &Checkpoint, field: &str) -> String {
 /// number until the contract compares it). Fewer layers are fine: the rest go unused.
 pub fn check_sizes(plan: &ModelPlan, ckpt: &Checkpoint, dir: &str) -> Result<(), ContractError> {
     let held = checkpoint_layers(ckpt);
-    if plan.num_layers <= held {
+    if plan.num_layers <= held.count {
         return Ok(());
     }
     let field = match plan.config_kind {
@@ -138,7 +152,7 @@ pub fn check_sizes(plan: &ModelPlan, ckpt: &Checkpoint, dir: &str) -> Result<(),
     };
     Err(ContractError::Sizes {
         dir: dir.to_string(),
-        fields: vec![layers_mismatch(field.to_string(), plan.num_layers, held)],
+        fields: vec![layers_mismatch(field.to_string(), plan.num_layers, &held)],
     })
 }
 
@@ -153,14 +167,75 @@ pub fn field_mismatches(ckpt: &Checkpoint, expected: &[WeightInfo]) -> Vec<Field
         .map(|l| l + 1);
     let held = checkpoint_layers(ckpt);
     if let Some(config) = config_layers {
-        if config != held {
+        if config != held.count || !held.contiguous {
             out.push(layers_mismatch(
                 field_path(ckpt, "num_hidden_layers"),
                 config,
-                held,
+                &held,
             ));
         }
     }
     out.extend(PINS.into_iter().filter_map(|p| pin(ckpt, expected, p)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{f32_bytes, write_safetensors, DType, TensorData};
+    use std::borrow::Cow;
+
+    fn checkpoint(tag: &str, names: &[&str]) -> Checkpoint {
+        let dir =
+            std::env::temp_dir().join(format!("graphrun-causes-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        let tensors: Vec<TensorData> = names
+            .iter()
+            .map(|n| TensorData {
+                name: n.to_string(),
+                dtype: DType::F32,
+                shape: vec![1],
+                bytes: Cow::Owned(f32_bytes(&[0.0])),
+            })
+            .collect();
+        write_safetensors(&path, &tensors, None).unwrap();
+        let ckpt = Checkpoint::open_files(&[path]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        ckpt
+    }
+
+    const TINY: &str = include_str!("../../tests/data/configs/tiny_flat.json");
+
+    /// Found by the fuzz suite (model-header, seed 1, 33 of 30000 cases): a tensor renamed to
+    /// layer 2^64 - 1 overflowed "highest index + 1". Layers are counted now.
+    #[test]
+    fn layer_indices_are_counted_not_added_to() {
+        let plan = ModelPlan::from_json_str(TINY, "tiny.json").unwrap();
+        assert_eq!(plan.num_layers, 2);
+        let far = "model.layers.18446744073709551615.x";
+        let ckpt = checkpoint("far", &[far]);
+        let held = checkpoint_layers(&ckpt);
+        assert_eq!((held.count, held.contiguous), (1, false));
+        let err = check_sizes(&plan, &ckpt, "/m").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "checkpoint /m does not hold the sizes config.json gives:\n  cause: config.json num_hidden_layers = 2, but the checkpoint holds 1 (tensors of 1 distinct layer indices, not 0 to 0)"
+        );
+        let ckpt = checkpoint(
+            "two",
+            &["model.layers.0.x", "model.layers.1.y", "model.layers.1.z"],
+        );
+        let held = checkpoint_layers(&ckpt);
+        assert_eq!((held.count, held.contiguous), (2, true));
+        check_sizes(&plan, &ckpt, "/m").unwrap();
+        let ckpt = checkpoint("none", &["lm_head.weight"]);
+        let err = check_sizes(&plan, &ckpt, "/m").unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "holds 0 (no tensor under model.layers. or model.language_model.layers.)"
+            ),
+            "{err}"
+        );
+    }
 }
