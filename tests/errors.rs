@@ -1458,3 +1458,215 @@ fn clap_usage_errors_are_clean() {
         &["--max-new-tokens"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Config sizes the checkpoint does not hold
+// ---------------------------------------------------------------------------------------------
+
+/// Sets `field` of the demo model's config (which validates) and checks that loading refuses it
+/// with the field, the config's value and the checkpoint's, through the library and `inspect`
+/// (a clean exit, not an abort on an allocation sized from the value).
+fn size_not_held(tag: &str, field: &str, value: u64, held: usize) {
+    let dir = copy_model(&demo(), tag);
+    edit_config(&dir, |m| {
+        m.insert(field.to_string(), value.into());
+    });
+    let needle = format!("config.json {field} = {value}, but the checkpoint holds {held}");
+    assert_contains(&load_err(&dir), &[&needle, "does not match config.json"]);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &[&needle],
+    );
+}
+
+#[test]
+fn huge_num_experts_is_refused_naming_the_field() {
+    size_not_held("huge-experts", "num_experts", 1 << 31, 4);
+}
+
+#[test]
+fn huge_hidden_size_is_refused_naming_the_field() {
+    size_not_held("huge-hidden", "hidden_size", 1 << 31, 64);
+}
+
+#[test]
+fn huge_vocab_size_is_refused_naming_the_field() {
+    size_not_held("huge-vocab", "vocab_size", 1 << 31, 256);
+}
+
+#[test]
+fn huge_expert_intermediate_sizes_are_refused_naming_the_field() {
+    size_not_held("huge-moe-i", "moe_intermediate_size", 1 << 31, 16);
+    size_not_held(
+        "huge-shared-i",
+        "shared_expert_intermediate_size",
+        1 << 31,
+        16,
+    );
+}
+
+/// More layers than the checkpoint holds are refused before lowering (which grows with the
+/// count), naming the field.
+#[test]
+fn more_layers_than_the_checkpoint_holds_are_refused_first() {
+    let dir = copy_model(&demo(), "layers-513");
+    edit_config(&dir, |m| {
+        m.insert("num_hidden_layers".into(), 513.into());
+        m.remove("layer_types");
+    });
+    let needle =
+        "config.json num_hidden_layers = 513, but the checkpoint holds 4 (tensors of layers 0 to 3)";
+    let err = load_err(&dir);
+    assert_eq!(err.lines().count(), 2, "{err}");
+    assert_contains(&err, &[needle]);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &[needle],
+    );
+}
+
+/// The first line of a mismatch report gives the problem count: `... (N problem(s)):`.
+fn problem_count(report: &str) -> usize {
+    let first = report.lines().next().unwrap_or_default();
+    first
+        .rsplit_once(" (")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no problem count in {first:?}"))
+}
+
+/// The contract of 40 layers against 4 (checked directly, past `check_sizes`): over a thousand
+/// missing tensors, reported as the cause, the first 20 and the counts by kind.
+#[test]
+fn many_missing_tensors_are_summarised_with_the_cause() {
+    let dir = copy_model(&demo(), "layers-40");
+    edit_config(&dir, |m| {
+        m.insert("num_hidden_layers".into(), 40.into());
+        // The checkpoint's four layers as they are, then 36 GDN layers it lacks.
+        let types = m["layer_types"].as_array_mut().unwrap();
+        types.resize(40, "linear_attention".into());
+    });
+    let plan = ModelPlan::from_model_dir(&dir).unwrap();
+    let opts = graphrun::lower::LowerOptions::new(graphrun::ir::Phase::Decode, 1, LogitsMode::Last);
+    let program = graphrun::lower::lower(
+        &plan,
+        &graphrun::lower::GraphSet::embedded().unwrap(),
+        &opts,
+    )
+    .unwrap()
+    .program;
+    let ckpt = Checkpoint::open_dir(&dir).unwrap();
+    let err = graphrun::weights::check_contract(
+        &ckpt,
+        &s(&dir),
+        &program.weights,
+        &program.consts,
+        plan.moe.num_experts,
+    )
+    .unwrap_err()
+    .to_string();
+    let lines: Vec<&str> = err.lines().collect();
+    // Header, the cause, 20 problems, the summary.
+    assert_eq!(lines.len(), 23, "{err}");
+    assert_eq!(
+        lines[1],
+        "  cause: config.json num_hidden_layers = 40, but the checkpoint holds 4 (tensors of layers 0 to 3)"
+    );
+    assert!(lines[2..22]
+        .iter()
+        .all(|l| l.starts_with("  - missing model.layers.")));
+    let total = problem_count(&err);
+    // Every layer from 4 on lacks all its tensors (more than 10 each).
+    assert!(total > 36 * 10, "{total}");
+    assert_eq!(
+        lines[22],
+        format!(
+            "  ... {} more not shown; by kind: {total} missing, 0 wrong shape, 0 wrong dtype, 0 wrong values, 0 unexpected ({total} in all)",
+            total - 20
+        )
+    );
+}
+
+/// Every float tensor stored as i32 (same byte size): one problem per tensor, summarised by
+/// `inspect` in a report of fixed length.
+#[test]
+fn many_wrong_dtypes_are_summarised_by_inspect() {
+    let dir = copy_model(&demo(), "all-i32");
+    let file = dir.join("model.safetensors");
+    let mut floats = 0;
+    rewrite_tensors(&file, |t| {
+        for w in t.iter_mut().filter(|w| w.dtype == DType::F32) {
+            w.dtype = DType::I32;
+            floats += 1;
+        }
+    });
+    let stderr = assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &[
+            "does not match config.json",
+            "more not shown; by kind: 0 missing, 0 wrong shape",
+        ],
+    );
+    assert_eq!(stderr.lines().count(), 22, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{floats} wrong dtype, 0 wrong values, 0 unexpected ({floats} in all)"
+        )),
+        "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-finite weights
+// ---------------------------------------------------------------------------------------------
+
+/// NaN and infinity in one weight of the f32 demo model: the tensor, the count and the first
+/// index are named, by the library and by `inspect`.
+#[test]
+fn nan_in_a_weight_is_named_with_first_index_and_count() {
+    let dir = copy_model(&demo(), "nan-f32");
+    let file = dir.join("model.safetensors");
+    let name = "model.layers.0.linear_attn.in_proj_a.weight";
+    rewrite_tensors(&file, |t| {
+        let w = tensor_mut(t, name);
+        let mut v: Vec<f32> = w
+            .bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        v[70] = f32::NAN;
+        v[100] = f32::NEG_INFINITY;
+        w.bytes = Cow::Owned(checkpoint::f32_bytes(&v));
+    });
+    let needle = format!(
+        "{name} (f32 [8, 64], in {}): 2 non-finite value(s), the first NaN at element 70 ([1, 6])",
+        s(&file)
+    );
+    assert_contains(&load_err(&dir), &[&needle, "NaN or infinity (1 tensor(s))"]);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &[&needle],
+    );
+}
+
+/// The same for a bf16 checkpoint (an infinity in the fused experts of a composite model).
+#[test]
+fn inf_in_a_bf16_weight_is_named() {
+    let dir = composite_copy("inf-bf16");
+    let file = dir.join("model-00001-of-00002.safetensors");
+    let name = "model.language_model.layers.0.mlp.experts.down_proj";
+    rewrite_tensors(&file, |t| {
+        let w = tensor_mut(t, name);
+        assert_eq!(w.dtype, DType::BF16);
+        let mut b = w.bytes.to_vec();
+        b[6..8].copy_from_slice(&half::bf16::INFINITY.to_bits().to_le_bytes());
+        w.bytes = Cow::Owned(b);
+    });
+    assert_contains(
+        &load_err(&dir),
+        &[&format!(
+            "{name} (bf16 [8, 32, 8], in {}): 1 non-finite value(s), the first inf at element 3 ([0, 0, 3])",
+            s(&file)
+        )],
+    );
+}

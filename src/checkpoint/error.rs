@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use super::dtype::DType;
+use super::finite::NonFinite;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -142,6 +143,21 @@ pub enum CheckpointError {
         tensor: String,
         dtype: DType,
         wanted: &'static str,
+    },
+
+    /// A float tensor holds NaN or infinity (`Checkpoint::check_finite`). Boxed: the largest
+    /// variant sets the size of every `Result` that carries this error.
+    #[error(
+        "checkpoint {}: tensor {tensor} ({dtype} {shape:?}) holds {}",
+        path.display(),
+        found.describe(shape)
+    )]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        found: Box<NonFinite>,
     },
 
     /// The writer was handed a tensor it cannot store faithfully.

@@ -14,6 +14,9 @@
 //! applies, the tensor. Tensor data is never copied until asked for:
 //! [`Checkpoint::bytes`] borrows from the mapping, and
 //! [`Checkpoint::to_f32`] / [`Checkpoint::to_i64`] widen into new vectors.
+//! [`find_non_finite`] scans a float tensor's bytes in place for NaN and
+//! infinity (and [`Checkpoint::check_finite`] names the tensor when it finds
+//! any), for loaders that copy stored bytes as they are.
 //!
 //! Unknown dtypes are kept as [`DType::Other`] and only become an error when
 //! a conversion is requested.
@@ -25,6 +28,7 @@
 mod dir;
 mod dtype;
 mod error;
+mod finite;
 mod reader;
 mod safetensors_file;
 mod writer;
@@ -35,7 +39,8 @@ mod tests;
 pub use dir::{INDEX_FILE, SINGLE_FILE};
 pub use dtype::DType;
 pub use error::CheckpointError;
-pub use reader::{Checkpoint, TensorInfo};
+pub use finite::{find_non_finite, NonFinite};
+pub use reader::{read_header, Checkpoint, TensorInfo};
 pub use writer::{
     f32_bytes, f32_to_bf16_bytes, f32_to_f16_bytes, i64_bytes, write_index, write_safetensors,
     TensorData,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use super::dtype::{bytes_to_f32, bytes_to_i64, DType};
 use super::error::CheckpointError;
-use super::safetensors_file::{SafetensorsFile, StoredTensor};
+use super::finite::find_non_finite;
+use super::safetensors_file::{parse_header, SafetensorsFile, StoredTensor};
 
 /// Description of one tensor of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +18,23 @@ pub struct TensorInfo {
     pub shape: Vec<usize>,
     /// The file that holds the tensor's bytes.
     pub file: PathBuf,
+}
+
+/// Parses and validates the header of a whole safetensors file held in memory, exactly as
+/// opening a file does after mapping it (`origin` names the file in errors and in the result):
+/// the tensors in header order. For tools that hold a file's bytes already, and for fuzzing.
+pub fn read_header(origin: &Path, image: &[u8]) -> Result<Vec<TensorInfo>, CheckpointError> {
+    let header = parse_header(origin, image)?;
+    Ok(header
+        .tensors
+        .into_iter()
+        .map(|t| TensorInfo {
+            name: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+            file: origin.to_path_buf(),
+        })
+        .collect())
 }
 
 /// Where a tensor lives: which file, and its header entry there.
@@ -84,6 +102,28 @@ impl Checkpoint {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// Tensor names that start with `prefix`, sorted; found by a range search, so the cost is
+    /// that of the matches, not of the whole checkpoint.
+    pub fn names_with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.tensors
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .map(|(name, _)| name.as_str())
+            .take_while(move |name| name.starts_with(prefix))
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the checkpoint holds no tensor (an empty header is valid).
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
     pub fn info(&self, name: &str) -> Option<TensorInfo> {
         self.tensors.get(name).map(|loc| TensorInfo {
             name: name.to_string(),
@@ -112,6 +152,24 @@ impl Checkpoint {
         let loc = self.locate(name)?;
         let bytes = self.files[loc.file].tensor_bytes(&loc.tensor);
         bytes_to_f32(&loc.tensor.dtype, bytes).ok_or_else(|| self.unsupported(loc, "f32"))
+    }
+
+    /// Checks an f32/bf16/f16 tensor for NaN and infinity on its mapped bytes, without copying
+    /// them: `Err(CheckpointError::NonFinite)` names the tensor, its file, the count and the
+    /// first bad element. Tensors of other dtypes pass (see [`find_non_finite`]).
+    pub fn check_finite(&self, name: &str) -> Result<(), CheckpointError> {
+        let loc = self.locate(name)?;
+        let bytes = self.files[loc.file].tensor_bytes(&loc.tensor);
+        match find_non_finite(&loc.tensor.dtype, bytes) {
+            None => Ok(()),
+            Some(found) => Err(CheckpointError::NonFinite {
+                path: self.paths[loc.file].clone(),
+                tensor: loc.tensor.name.clone(),
+                dtype: loc.tensor.dtype.clone(),
+                shape: loc.tensor.shape.clone(),
+                found: Box::new(found),
+            }),
+        }
     }
 
     /// Converts an i64 or i32 tensor to `i64`.

@@ -610,3 +610,75 @@ fn error_dtype_mismatch_on_conversion() {
         "checkpoint: no tensor named \"missing\""
     );
 }
+
+#[test]
+fn check_finite_names_the_tensor_and_its_first_bad_element() {
+    let tmp = TempDir::new();
+    let path = tmp.join("nan.safetensors");
+    let mut bad = vec![0.5f32; 12];
+    bad[7] = f32::NAN;
+    bad[9] = f32::INFINITY;
+    write(
+        &path,
+        &[
+            tensor("bad", DType::BF16, &[3, 4], f32_to_bf16_bytes(&bad)),
+            f32_tensor("good", &[1.0, -2.0]),
+            tensor("ids", DType::I64, &[2], i64_bytes(&[-1, i64::MAX])),
+        ],
+    );
+    let ck = Checkpoint::open_files(std::slice::from_ref(&path)).unwrap();
+    ck.check_finite("good").unwrap();
+    ck.check_finite("ids").unwrap();
+    let err = ck.check_finite("bad").unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::NonFinite { tensor, found, .. }
+            if tensor == "bad" && found.first_index == 7 && found.count == 2),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "checkpoint {}: tensor bad (bf16 [3, 4]) holds 2 non-finite value(s), the first NaN at element 7 ([1, 3])",
+            path.display()
+        )
+    );
+    assert!(matches!(
+        ck.check_finite("nope"),
+        Err(CheckpointError::NoSuchTensor(_))
+    ));
+}
+
+#[test]
+fn names_with_prefix_is_exact_and_sorted() {
+    let tmp = TempDir::new();
+    let path = tmp.join("p.safetensors");
+    write(
+        &path,
+        &["a.1", "a.10", "a.2", "a", "ab.1", "b.1"].map(|n| f32_tensor(n, &[0.0])),
+    );
+    let ck = Checkpoint::open_files(&[path]).unwrap();
+    let found: Vec<&str> = ck.names_with_prefix("a.").collect();
+    assert_eq!(found, ["a.1", "a.10", "a.2"]);
+    assert_eq!(ck.names_with_prefix("c").count(), 0);
+    assert_eq!(ck.names_with_prefix("").count(), 6);
+    assert_eq!(ck.len(), 6);
+}
+
+#[test]
+fn read_header_matches_what_opening_the_file_sees() {
+    let tmp = TempDir::new();
+    let path = tmp.join("h.safetensors");
+    write(
+        &path,
+        &[f32_tensor("w", &[1.0, 2.0]), f32_tensor("v", &[3.0])],
+    );
+    let image = fs::read(&path).unwrap();
+    let infos = read_header(&path, &image).unwrap();
+    let ck = Checkpoint::open_files(std::slice::from_ref(&path)).unwrap();
+    for info in &infos {
+        assert_eq!(Some(info.clone()), ck.info(&info.name));
+    }
+    assert_eq!(infos.len(), 2);
+    let err = read_header(&path, &image[..image.len() - 1]).unwrap_err();
+    assert!(matches!(err, CheckpointError::Truncated { .. }), "{err:?}");
+}

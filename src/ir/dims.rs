@@ -28,7 +28,7 @@ fn eval_expr(expr: &str, dims: &Dims) -> Result<usize, String> {
             return Err(format!("dimension `{expr}` is negative"));
         }
     }
-    Ok(total as usize)
+    usize::try_from(total).map_err(|_| format!("dimension `{expr}` overflows"))
 }
 
 fn eval_term(term: &str, dims: &Dims, whole: &str) -> Result<usize, String> {
@@ -43,7 +43,9 @@ fn eval_term(term: &str, dims: &Dims, whole: &str) -> Result<usize, String> {
                 }
                 a / v
             }
-            (Some(a), _) => a * v,
+            (Some(a), _) => a
+                .checked_mul(v)
+                .ok_or_else(|| format!("dimension `{whole}` overflows"))?,
         });
     }
     acc.ok_or_else(|| format!("empty dimension expression `{whole}`"))
@@ -102,6 +104,15 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect()
+    }
+
+    #[test]
+    fn overflow_is_an_error() {
+        let mut d = dims();
+        d.insert("Big".into(), 1 << 31);
+        let e = eval(&Sym::Name("Big*Big*Big".into()), &d).unwrap_err();
+        assert_eq!(e, "dimension `Big*Big*Big` overflows");
+        assert_eq!(eval(&Sym::Name("Big*Big".into()), &d), Ok(1 << 62));
     }
 
     #[test]

@@ -109,8 +109,12 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         Op::Slice { start, len } => {
             expect_inputs(inputs, 1)?;
             let w = f32_input(inputs[0], "input")?;
-            check(start + len <= w, || {
-                format!("slice [{start}, {}) exceeds width {w}", start + len)
+            // Checked: a graph file may give any start.
+            check(start.checked_add(*len).is_some_and(|end| end <= w), || {
+                format!(
+                    "slice [{start}, {}) exceeds width {w}",
+                    start.saturating_add(*len)
+                )
             })?;
             f(*len)
         }

@@ -23,6 +23,11 @@ const MAX_DIM: usize = 1 << 31;
 /// The most decoder layers we plan for (a derived `layer_types` allocates one entry per layer).
 const MAX_LAYERS: usize = 1 << 16;
 
+/// The most elements of one derived size (a projection's width, the GDN recurrent state), far
+/// above any real model's (the largest, the PLE table, has 3.2e8 rows), and low enough that
+/// byte counts and the graphs' products of these stay far from overflow.
+const MAX_DERIVED: u64 = 1 << 40;
+
 /// The most n-gram heads over all PLE layers: each needs a prime to be searched for.
 const MAX_PLE_HEADS: usize = 4096;
 
@@ -143,6 +148,7 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
     let attn = attention(&t)?;
     let indexer = indexer(&t, &kinds, attn.rotary_dim)?;
     let moe = moe(&t)?;
+    derived_sizes(&t, hidden_size, &hc, &gdn, &attn, indexer.as_ref(), &moe)?;
 
     // Token ids. A composite config normally keeps them in text_config; we fall back to the
     // top level, where some exporters put them.
@@ -223,6 +229,79 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
         tie_word_embeddings,
         max_position_embeddings,
     })
+}
+
+/// Sizes made of several fields, computed with checked arithmetic: overflow or an implausible
+/// product is an error naming the field that completes the product.
+fn derived_sizes(
+    t: &Fields,
+    hidden_size: usize,
+    hc: &HcPlan,
+    gdn: &GdnPlan,
+    attn: &AttnPlan,
+    indexer: Option<&IndexerPlan>,
+    moe: &MoePlan,
+) -> Result<(), PlanError> {
+    let mul = |factors: &[usize]| {
+        factors
+            .iter()
+            .try_fold(1u64, |acc, &f| acc.checked_mul(f as u64))
+    };
+    let key_dim = mul(&[gdn.num_key_heads, gdn.key_head_dim]);
+    let value_dim = mul(&[gdn.num_value_heads, gdn.value_head_dim]);
+    let conv_dim = key_dim
+        .and_then(|k| k.checked_mul(2))
+        .zip(value_dim)
+        .and_then(|(k, v)| k.checked_add(v));
+    let mut sizes = vec![
+        ("hidden_size", hidden_size, "hc_count * hidden_size", mul(&[hc.count, hidden_size])),
+        (
+            "linear_value_head_dim",
+            gdn.value_head_dim,
+            "2 * linear_num_key_heads * linear_key_head_dim + linear_num_value_heads * linear_value_head_dim (the GDN conv width)",
+            conv_dim,
+        ),
+        (
+            "linear_value_head_dim",
+            gdn.value_head_dim,
+            "linear_num_value_heads * linear_key_head_dim * linear_value_head_dim (the GDN recurrent state)",
+            mul(&[gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim]),
+        ),
+        (
+            "head_dim",
+            attn.head_dim,
+            "2 * num_attention_heads * head_dim (queries and their gate)",
+            mul(&[2, attn.num_heads, attn.head_dim]),
+        ),
+        (
+            "moe_intermediate_size",
+            moe.intermediate,
+            "2 * moe_intermediate_size",
+            mul(&[2, moe.intermediate]),
+        ),
+    ];
+    if let Some(ix) = indexer {
+        sizes.push((
+            "indexer_head_dim",
+            ix.head_dim,
+            "(indexer_n_heads + 1) * indexer_head_dim",
+            mul(&[ix.n_heads.saturating_add(1), ix.head_dim]),
+        ));
+    }
+    for (field, value, what, size) in sizes {
+        match size {
+            Some(n) if n <= MAX_DERIVED => {}
+            Some(n) => {
+                return Err(t.invalid(
+                    field,
+                    value,
+                    format!("{what} = {n} elements is implausibly large (limit {MAX_DERIVED})"),
+                ))
+            }
+            None => return Err(t.invalid(field, value, format!("{what} overflows 64 bits"))),
+        }
+    }
+    Ok(())
 }
 
 /// A size field: a positive integer, `default` when absent.
@@ -971,6 +1050,33 @@ mod tests {
                 m.remove("layer_types");
             },
             &["field num_hidden_layers = 1048576: implausibly many layers"],
+        );
+    }
+
+    #[test]
+    fn products_of_sizes_are_checked_naming_a_field() {
+        // 8 * 2^31 * 2^31 = 2^65: overflows 64 bits.
+        let err = fails_with(
+            |m| {
+                m.insert("linear_key_head_dim".into(), json!(1u64 << 31));
+                m.insert("linear_value_head_dim".into(), json!(1u64 << 31));
+            },
+            &[
+                "field linear_value_head_dim = 2147483648",
+                "overflows 64 bits",
+            ],
+        );
+        assert!(err.to_string().contains("GDN recurrent state"), "{err}");
+        // 2^31 streams of 2^31: fits 64 bits, but far past any model.
+        fails_with(
+            |m| {
+                m.insert("hc_count".into(), json!(1u64 << 31));
+                m.insert("hidden_size".into(), json!(1u64 << 31));
+            },
+            &[
+                "field hidden_size = 2147483648",
+                "hc_count * hidden_size = 4611686018427387904 elements is implausibly large",
+            ],
         );
     }
 

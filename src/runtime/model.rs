@@ -144,6 +144,7 @@ impl Model {
         check_context(&plan, options.context_capacity)?;
         let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
+        weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;
         let probe = lower::lower(
             &plan,
             &graphs,

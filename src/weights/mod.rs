@@ -4,13 +4,18 @@
 //! Canonical names are the `Qwen4ExpForCausalLM` runtime names (`model.layers.3.mlp.gate.weight`,
 //! fused experts, one n-gram table). [`resolve`] maps each to what the checkpoint holds:
 //! the `model.language_model.` prefix, per-expert tensors, `shard_{k}` pieces of the table.
+//!
+//! Order of use: [`check_sizes`] (the plan against the checkpoint, before lowering), then
+//! [`check_contract`] (every weight of the lowered program), then [`contract::load`].
 
+pub mod causes;
 pub mod contract;
 pub mod resolve;
 
 use std::collections::HashMap;
 
-pub use contract::{check_contract, ContractError, Problem};
+pub use causes::{check_sizes, FieldMismatch};
+pub use contract::{check_contract, ContractError, NonFiniteTensor, Problem};
 
 /// One weight, widened to f32.
 #[derive(Debug, Clone, PartialEq)]
