@@ -393,3 +393,30 @@ fn a_fusion_whose_replacement_breaks_shapes_is_caught() {
         Ok(_) => panic!("a fusion that breaks shapes was accepted"),
     }
 }
+
+/// A replacement that reads a pattern node (not a `$` variable) is refused when the fusions are
+/// checked, naming the fusion, instead of failing while the fusion is applied.
+#[test]
+fn a_replacement_reading_a_pattern_node_is_refused() {
+    let dir = graphs_copy("replace-reads-node");
+    let text = std::fs::read_to_string(dir.join("fusions.ron")).unwrap();
+    let edited = text.replacen(
+        "replace: (op: HcInject(streams: \"C\"), args: [\"$hn\"]",
+        "replace: (op: HcInject(streams: \"C\"), args: [\"logit\"]",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(dir.join("fusions.ron"), edited).unwrap();
+    let g = GraphSet::load_dir(&dir).unwrap();
+    let err = lower(
+        &tiny_plan(),
+        &g,
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )
+    .unwrap_err();
+    assert!(matches!(err, LowerError::Fusion { .. }), "{err}");
+    assert!(
+        err.to_string().contains("replacement uses `logit`"),
+        "{err}"
+    );
+}

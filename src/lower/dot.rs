@@ -90,7 +90,7 @@ pub fn to_dot(p: &Program, fusions: &[Fusion]) -> String {
     let _ = writeln!(out, "digraph program {{");
     let _ = writeln!(
         out,
-        "  label=\"{} {} tokens on {}\"; rankdir=TB; node [shape=box, style=filled, fontname=\"monospace\", fontsize=10];",
+        "  label=\"{}, {} token(s) a step, on {}\"; rankdir=TB; node [shape=box, style=filled, fontname=\"monospace\", fontsize=10];",
         p.phase, p.tokens, p.device
     );
     let _ = writeln!(out, "  input [label=\"{}\", shape=ellipse];", esc(&p.input));

@@ -49,12 +49,17 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         }
         Op::RepeatStreams { streams } => {
             expect_inputs(inputs, 1)?;
-            f(f32_input(inputs[0], "input")? * streams)
+            let width = f32_input(inputs[0], "input")?;
+            f(width
+                .checked_mul(*streams)
+                .ok_or_else(|| format!("{streams} streams of width {width} overflow a width"))?)
         }
         Op::EmbedStreams { streams } => {
             let row = infer(&Op::Embed, inputs, weights)?;
             check(*streams > 0, || "streams must be > 0".into())?;
-            f(row[0].1 * streams)
+            f(row[0].1.checked_mul(*streams).ok_or_else(|| {
+                format!("{streams} streams of width {} overflow a width", row[0].1)
+            })?)
         }
         Op::RmsNorm { group, .. } => {
             expect_inputs(inputs, 1)?;
@@ -587,6 +592,26 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stream counts from a graph file that overflow the width are errors, not a panic.
+    #[test]
+    fn huge_stream_counts_are_errors() {
+        let op = Op::RepeatStreams {
+            streams: usize::MAX,
+        };
+        let err = infer(&op, &[(ValueType::F32, 2)], &[]).unwrap_err();
+        assert!(err.contains("overflow"), "{err}");
+        let op = Op::EmbedStreams {
+            streams: usize::MAX,
+        };
+        let err = infer(&op, &[(ValueType::I64, 1)], &[vec![10, 4]]).unwrap_err();
+        assert!(err.contains("overflow"), "{err}");
+        let ok = Op::RepeatStreams { streams: 4 };
+        assert_eq!(
+            infer(&ok, &[(ValueType::F32, 2)], &[]),
+            Ok(vec![(ValueType::F32, 8)])
+        );
+    }
 
     /// The normed recurrence's rule is the gated recurrence's, then the output norm's: `o`'s
     /// width out, and either part's mismatch refused.

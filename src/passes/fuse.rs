@@ -174,9 +174,9 @@ fn check_fusion(f: &Fusion) -> Result<(), LowerError> {
         .flat_map(|p| p.args.iter().chain(&p.weights))
         .collect();
     for a in f.replace.args.iter().chain(&f.replace.weights) {
-        if !vars.contains(&a) {
+        if !a.starts_with('$') || !vars.contains(&a) {
             return Err(err(format!(
-                "replacement uses `{a}`, which the pattern never binds"
+                "replacement uses `{a}`: a replacement reads only `$` variables the pattern binds (values from outside the match)"
             )));
         }
     }
