@@ -21,7 +21,6 @@ fn every_node_of_the_real_programs_gets_a_kernel_that_accepts_it() {
     let graphs = GraphSet::embedded().unwrap();
     let steps =
         std::iter::once((Phase::Decode, 1)).chain(PREFILLS.iter().map(|&t| (Phase::Prefill, t)));
-    let mut programs = 0;
     let mut used = std::collections::BTreeSet::new();
     for (phase, tokens) in steps {
         for (device, format) in [
@@ -50,10 +49,8 @@ fn every_node_of_the_real_programs_gets_a_kernel_that_accepts_it() {
                 assert_eq!((v.kernels)(&facts, &dev), node.kernels, "{what}");
                 used.insert((device, node.op.kind(), node.variant.clone()));
             }
-            programs += 1;
         }
     }
-    assert_eq!(programs, 3 * (1 + PREFILLS.len()));
     // The programs exercise both executors' main variants (a sanity check of the loop itself).
     for (device, op, variant) in [
         (Device::Cuda, "linear", "rows1_stream"),

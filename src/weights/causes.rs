@@ -182,27 +182,9 @@ pub fn field_mismatches(ckpt: &Checkpoint, expected: &[WeightInfo]) -> Vec<Field
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{f32_bytes, write_safetensors, DType, TensorData};
-    use std::borrow::Cow;
 
-    fn checkpoint(tag: &str, names: &[&str]) -> Checkpoint {
-        let dir =
-            std::env::temp_dir().join(format!("graphrun-causes-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("model.safetensors");
-        let tensors: Vec<TensorData> = names
-            .iter()
-            .map(|n| TensorData {
-                name: n.to_string(),
-                dtype: DType::F32,
-                shape: vec![1],
-                bytes: Cow::Owned(f32_bytes(&[0.0])),
-            })
-            .collect();
-        write_safetensors(&path, &tensors, None).unwrap();
-        let ckpt = Checkpoint::open_files(&[path]).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        ckpt
+    fn checkpoint<S: AsRef<str>>(tag: &str, names: &[S]) -> Checkpoint {
+        crate::weights::test_checkpoint(tag, names)
     }
 
     const TINY: &str = include_str!("../../tests/data/configs/tiny_flat.json");

@@ -50,3 +50,28 @@ impl Weights {
         self.map.keys().map(|k| k.as_str())
     }
 }
+
+/// A checkpoint holding `names` (one f32 each), written to a fresh temp dir (unit tests).
+#[cfg(test)]
+pub(crate) fn test_checkpoint<S: AsRef<str>>(
+    tag: &str,
+    names: &[S],
+) -> crate::checkpoint::Checkpoint {
+    use crate::checkpoint::{f32_bytes, write_safetensors, Checkpoint, DType, TensorData};
+    let dir = std::env::temp_dir().join(format!("graphrun-weights-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    let tensors: Vec<TensorData> = names
+        .iter()
+        .map(|n| TensorData {
+            name: n.as_ref().to_string(),
+            dtype: DType::F32,
+            shape: vec![1],
+            bytes: std::borrow::Cow::Owned(f32_bytes(&[0.0])),
+        })
+        .collect();
+    write_safetensors(&path, &tensors, None).unwrap();
+    let ckpt = Checkpoint::open_files(&[path]).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    ckpt
+}

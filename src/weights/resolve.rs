@@ -174,28 +174,9 @@ pub fn resolve(ckpt: &Checkpoint, canonical: &str, experts: usize) -> Result<Sou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{f32_bytes, write_safetensors, DType, TensorData};
-    use std::borrow::Cow;
 
-    /// A checkpoint holding `names` (one f32 each), in a fresh temp dir.
-    fn checkpoint(tag: &str, names: &[String]) -> Checkpoint {
-        let dir =
-            std::env::temp_dir().join(format!("graphrun-resolve-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("model.safetensors");
-        let tensors: Vec<TensorData> = names
-            .iter()
-            .map(|n| TensorData {
-                name: n.clone(),
-                dtype: DType::F32,
-                shape: vec![1],
-                bytes: Cow::Owned(f32_bytes(&[0.0])),
-            })
-            .collect();
-        write_safetensors(&path, &tensors, None).unwrap();
-        let ckpt = Checkpoint::open_files(&[path]).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        ckpt
+    fn checkpoint<S: AsRef<str>>(tag: &str, names: &[S]) -> Checkpoint {
+        crate::weights::test_checkpoint(tag, names)
     }
 
     fn experts(n: usize) -> Vec<String> {
