@@ -102,7 +102,7 @@ __device__ __forceinline__ void wait_for_producers() {
 #endif
 }
 
-// Running ahead (`Gpu::take_ready_inputs`, src/exec/cuda/device.rs): the executor tells a node's
+// Running ahead (`Launch::take_ready_inputs`, src/exec/cuda/context.rs): the executor tells a node's
 // launcher which of its inputs are not outputs of the node launched just before it; when those a
 // kernel reads first are among them, the launcher passes inputs_ready = 1 to the node's first
 // kernel. Such a kernel may read those inputs and compute before it waits: by

@@ -25,7 +25,7 @@ use graphrun::exec::cuda::launch::attention::{
     self as attn, GatedAttentionInputs, GatedAttentionShape,
 };
 use graphrun::exec::cuda::launch::{self, layout};
-use graphrun::exec::cuda::{CudaError, Gpu};
+use graphrun::exec::cuda::{CudaError, Launch};
 use graphrun::ops::attention::{attend, split_q_gate, AttnShape};
 use graphrun::ops::elementwise::sigmoid_mul;
 use graphrun::ops::indexer::{pool_blocks, select, IndexerShape, RowSel};
@@ -44,7 +44,8 @@ const REAL_INDEXER: IndexerShape = IndexerShape {
 
 #[test]
 fn rope_matches_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
     // (rows, heads, head_dim, rot, theta, start): tiny; the real attention q/k and indexer q at
     // ~3000 tokens and near 256k tokens (large angles), one decode row.
@@ -81,7 +82,8 @@ fn rope_matches_the_cpu_reference() {
 /// two ops, with a per-head weight and a per-row weight, at the real q, k and indexer-q shapes.
 #[test]
 fn norm_rope_matches_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
     let eps = 1e-6;
     // (rows, heads, head_dim, rot, theta, start, weight per row channel)
@@ -148,7 +150,7 @@ struct Variant {
 }
 
 type AttentionFn = fn(
-    &Gpu,
+    &Launch,
     &CudaSlice<f32>,
     &CudaSlice<f32>,
     &CudaSlice<f32>,
@@ -261,7 +263,7 @@ fn assert_selection(
         .count()
 }
 
-fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
+fn run_steps(gpu: &Launch, g: &Geometry, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let s = &g.indexer;
     let (ih, id, block) = (s.heads, s.head_dim, s.block);
@@ -425,7 +427,8 @@ fn run_steps(gpu: &Gpu, g: &Geometry, seed: u64) {
 
 #[test]
 fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     // iD 8, block 2, budget 4 (2 blocks kept), heads 4/2, hd 16: rows are sparse from position 5
     // (visible 6, 3 complete blocks) on. The steps split blocks across steps (odd starts).
     let g = Geometry {
@@ -482,7 +485,8 @@ fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
 
 #[test]
 fn qsa_steps_match_the_cpu_reference_at_real_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     // 24 q heads / 2 kv heads of 256, rot 64, theta 1e7; indexer 4 heads x 128, rot 64, block 4,
     // budget 2048 (512 blocks kept: rows from position 2051 on are sparse). A first step fills the
     // caches for positions 0..2990, then a 64-token prefill and a decode at ~3000 tokens.
@@ -528,7 +532,8 @@ fn steps_from(plan: &[(usize, usize)]) -> Vec<(usize, usize)> {
 /// reference kernel.
 #[test]
 fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let steps = steps_from(&[(0, 10)]); // to position 39
     let base = Geometry {
         name: "split-tiny",
@@ -613,7 +618,8 @@ fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
 /// many chunks).
 #[test]
 fn attention_split_matches_the_cpu_reference_at_real_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     // Dense 1000..1036, across the boundary 2040..2082 (sparse from 2051), sparse 2990..3062.
     let steps = steps_from(&[(1000, 8), (2040, 11), (2990, 16)]);
     let g = Geometry {
@@ -687,7 +693,7 @@ fn random_selection(
 /// sigmoid_mul by the gate.
 #[allow(clippy::too_many_arguments)]
 fn unfused_gated_attention(
-    gpu: &Gpu,
+    gpu: &Launch,
     x: &GatedAttentionInputs,
     k_cache: &mut CudaSlice<f32>,
     v_cache: &mut CudaSlice<f32>,
@@ -720,7 +726,7 @@ fn unfused_gated_attention(
 /// the CPU reference (`exec::cpu`'s composition: split_q_gate, norm_rope of q and k, the cache
 /// appends, attend, sigmoid_mul) within the f32 bound, and against the unfused kernels
 /// (`unfused_gated_attention`, caches of their own) bit for bit, output and caches.
-fn run_gated_steps(gpu: &Gpu, c: &GatedCase, seed: u64) {
+fn run_gated_steps(gpu: &Launch, c: &GatedCase, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let s = &c.shape;
     let (heads, hd, rot, block) = (s.heads, s.head_dim, s.rotary_dim, s.block);
@@ -850,7 +856,8 @@ fn run_gated_steps(gpu: &Gpu, c: &GatedCase, seed: u64) {
 /// form runs (the split one is an error, as the registry says).
 #[test]
 fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let shape = |heads, kv_heads, head_dim, rotary_dim, block| GatedAttentionShape {
         heads,
         kv_heads,
@@ -954,7 +961,8 @@ fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
 /// from position 131 on).
 #[test]
 fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let c = GatedCase {
         name: "gated-real",
         shape: GatedAttentionShape {
@@ -986,7 +994,8 @@ fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
 /// step and a decode run through `indexer_select`, completing the last two blocks.
 #[test]
 fn indexer_select_at_256k_context() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x256);
     let s = REAL_INDEXER;
     let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
@@ -1110,7 +1119,7 @@ fn filled_keys(
 /// selection are checked against the reference (`ops::indexer`).
 #[allow(clippy::too_many_arguments)]
 fn indexer_steps(
-    gpu: &Gpu,
+    gpu: &Launch,
     name: &str,
     s: &IndexerShape,
     theta: f64,
@@ -1198,7 +1207,7 @@ fn indexer_steps(
 /// the reference (`ops::indexer`) given the GPU's queries, as `indexer_steps` does.
 #[allow(clippy::too_many_arguments)]
 fn indexer_qk_steps(
-    gpu: &Gpu,
+    gpu: &Launch,
     name: &str,
     s: &IndexerShape,
     theta: f64,
@@ -1333,7 +1342,8 @@ const ROWS_1_3_8_64: [(usize, Queries); 8] = [
 /// several top-k chunks; the all-zero step has more tied candidates than the top-k holds).
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let shapes = [
         (2, 8, 4, 4, 2),
         (3, 8, 8, 9, 3),
@@ -1371,7 +1381,8 @@ fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
 /// 3, 8 and 64 rows on fresh random inputs.
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let s = REAL_INDEXER;
     let boundary = [
         (8, Queries::Random),
@@ -1399,7 +1410,8 @@ fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
 /// boundary, and at 8k tokens.
 #[test]
 fn indexer_select_qk_matches_the_unfused_chain() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     for (i, (heads, head_dim, rotary_dim, budget, block)) in
         [(2, 8, 4, 4, 2), (5, 12, 6, 40, 4), (1, 6, 4, 6, 2)]
             .into_iter()
@@ -1437,7 +1449,8 @@ fn indexer_select_qk_matches_the_unfused_chain() {
 /// A bad launch is an error naming the kernel, not a crash.
 #[test]
 fn shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
     let step = gpu.upload(&[0i64], "step").unwrap();
     let Err(err) = attn::rope(&gpu, &x, 2, &step, 16, 7, 1e4) else {
@@ -1505,7 +1518,8 @@ fn shape_errors_name_the_kernel() {
 #[test]
 #[ignore = "timings, run by hand on the GPU machine"]
 fn timings_at_8k_and_256k_context() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x7173);
     let s = REAL_INDEXER;
     let (heads, kv_heads, hd) = (24usize, 2usize, 256usize);
@@ -1626,7 +1640,7 @@ fn split_takes(group: usize, head_dim: usize) -> bool {
 }
 
 /// The split attention refuses a shape its kernels do not take (an error, never another kernel).
-fn assert_split_refuses(gpu: &Gpu, heads: usize, kv_heads: usize, head_dim: usize) {
+fn assert_split_refuses(gpu: &Launch, heads: usize, kv_heads: usize, head_dim: usize) {
     let (rows, capacity, keep, block) = (1, 8, 1, 2);
     let q = gpu.upload(&vec![0.0f32; heads * head_dim], "q").unwrap();
     let kv = gpu

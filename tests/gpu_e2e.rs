@@ -254,7 +254,7 @@ fn long_prompts_take_the_prefill_variants() {
 
 /// GDN value heads wider than one block of the fused normed recurrence holds (the tiny model
 /// with 160-wide value heads): the CUDA executor takes the recurrence, then the norm, the
-/// recurrence's output an intermediate in scratch (`Gpu::intermediate`), not the node's planned
+/// recurrence's output an intermediate in scratch (`Launch::intermediate`), not the node's planned
 /// output slot. Eager and replayed decode steps within the bound of the CPU executor.
 #[test]
 fn wide_gdn_heads_take_the_unfused_launches() {

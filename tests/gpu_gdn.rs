@@ -16,20 +16,21 @@ mod common;
 use common::gpu::*;
 use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::launch::gdn::{self, GdnLayout};
-use graphrun::exec::cuda::Gpu;
+use graphrun::exec::cuda::Launch;
 use graphrun::ir::GateActivation;
 use graphrun::ops::conv;
 use graphrun::ops::gdn::{self as cpu_gdn, GdnShape};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-fn down(gpu: &Gpu, s: &CudaSlice<f32>) -> Vec<f32> {
+fn down(gpu: &Launch, s: &CudaSlice<f32>) -> Vec<f32> {
     gpu.download(s, "result").unwrap()
 }
 
 #[test]
 fn causal_conv_matches_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0xc0a7);
     let mut report = Report(Vec::new());
     // (width, kernel, dilation): tiny; odd width with kernel 3, dilation 2; 9 taps (more than
@@ -216,7 +217,8 @@ fn causal_conv_matches_the_cpu_reference() {
 
 #[test]
 fn gdn_gates_match_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x6a7e);
     let mut report = Report(Vec::new());
     // Tiny, and the real 48 value heads at decode and prefill. `a` spans ±25 so that a + dt_bias
@@ -283,7 +285,8 @@ fn recurrence_inputs(
 
 #[test]
 fn gdn_recurrence_matches_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x9d17);
     let mut report = Report(Vec::new());
     let shapes = [
@@ -443,7 +446,8 @@ fn gdn_recurrence_matches_the_cpu_reference() {
 /// activations, from a random state; the state after the step too.
 #[test]
 fn gdn_normed_recurrence_matches_the_cpu_composition() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x4e0a);
     let mut report = Report(Vec::new());
     let eps = 1e-6f32;
@@ -542,7 +546,8 @@ fn gdn_normed_recurrence_matches_the_cpu_composition() {
 /// against the unfused kernels (`causal_conv`, then `gdn_normed_recurrence`) on the same inputs.
 #[test]
 fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0xc0f5);
     let mut report = Report(Vec::new());
     let eps = 1e-6f32;
@@ -703,7 +708,8 @@ fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
 /// Bad shapes are errors naming the kernel, not launches.
 #[test]
 fn gdn_shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
     let w = gpu.upload(&[1.0f32; 16 * 4], "w").unwrap();
     // Window for kernel 4, dilation 1 needs 3 rows of 16; give 2.

@@ -14,14 +14,15 @@ use common::gpu::*;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use graphrun::exec::cuda::launch::linear::{GroupKernel, MmaTile, OneToken};
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
-use graphrun::exec::cuda::ReadyInputs;
+use graphrun::exec::cuda::{Launch, ReadyInputs};
 use graphrun::ops::{elementwise as ew, embed, linear, norm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 #[test]
 fn kernels_match_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     println!(
         "device: {} (sm_{}{}), {} GiB",
         gpu.info.name,
@@ -674,7 +675,8 @@ fn kernels_match_the_cpu_reference() {
 /// A bad launch is an error naming the kernel, not a crash.
 #[test]
 fn shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 2048, 3).expect_err("a shape error");
@@ -696,7 +698,8 @@ fn shape_errors_name_the_kernel() {
 /// on random rows of the real vocabulary and on edge rows.
 #[test]
 fn device_argmax_is_the_samplers_choice() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     use graphrun::exec::cuda::launch::sampling::{argmax_index, argmax_of, argmax_row};
     use graphrun::runtime::sampling::{argmax, check_logits};
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
@@ -759,7 +762,8 @@ fn every_kernel_the_programs_name_exists_and_loads() {
     use graphrun::lower::{lower, GraphSet, LowerOptions};
     use graphrun::plan::ModelPlan;
     use graphrun::registry::WeightFormat;
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let graphs = GraphSet::embedded().unwrap();
     let mut names = std::collections::BTreeSet::new();
     for config in [

@@ -17,14 +17,14 @@ use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::launch::layout::{self, HcReadAct};
 use graphrun::exec::cuda::launch::ple::{self as ple_launch, PleMixShape};
 use graphrun::exec::cuda::launch::{self, DeviceMatrix};
-use graphrun::exec::cuda::{Gpu, ReadyInputs};
+use graphrun::exec::cuda::{Launch, ReadyInputs};
 use graphrun::ir::GateActivation;
 use graphrun::ops::{attention, elementwise as ew, hyper, linear, norm, ple};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// The weights on the device (as bf16 bits when `bf16`) and the values the reference uses.
-fn matrix(gpu: &Gpu, w: &[f32], bf16: bool) -> (DeviceMatrix, Vec<f32>) {
+fn matrix(gpu: &Launch, w: &[f32], bf16: bool) -> (DeviceMatrix, Vec<f32>) {
     if bf16 {
         let bits = bf16_bits(w);
         let want = widen(&bits);
@@ -54,7 +54,8 @@ const STREAM_SHAPES: [(usize, usize, usize); 6] = [
 
 #[test]
 fn layout_kernels_match_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     println!(
         "device: {} (sm_{}{}), {} GiB",
         gpu.info.name,
@@ -64,7 +65,7 @@ fn layout_kernels_match_the_cpu_reference() {
     );
     let mut rng = ChaCha8Rng::seed_from_u64(0x1a70);
     let mut report = Report(Vec::new());
-    let get = |gpu: &Gpu, y: &cudarc::driver::CudaSlice<f32>| gpu.download(y, "y").unwrap();
+    let get = |gpu: &Launch, y: &cudarc::driver::CudaSlice<f32>| gpu.download(y, "y").unwrap();
 
     // Stream layout: repeat, mean, write.
     for (rows, h, c) in STREAM_SHAPES {
@@ -413,7 +414,7 @@ fn layout_kernels_match_the_cpu_reference() {
 /// key's and h's norms, the gate, gv's norm, the conv (updating `window`), the two sums.
 #[allow(clippy::too_many_arguments)]
 fn ple_mix_unfused(
-    gpu: &Gpu,
+    gpu: &Launch,
     key_proj: &CudaSlice<f32>,
     h: &CudaSlice<f32>,
     value: &CudaSlice<f32>,
@@ -452,7 +453,8 @@ fn ple_mix_unfused(
 /// 8 rows.
 #[test]
 fn ple_mix_matches_the_cpu_reference_over_steps() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x91e);
     let mut report = Report(Vec::new());
     let get = |y: &CudaSlice<f32>| gpu.download(y, "y").unwrap();
@@ -559,7 +561,8 @@ fn ple_mix_matches_the_cpu_reference_over_steps() {
 /// A bad launch is an error naming the kernel, not a crash.
 #[test]
 fn layout_shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 12], "x").unwrap();
     let f32_w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let bf16_w = DeviceMatrix::Bf16(gpu.upload(&[0u16; 12], "w").unwrap());

@@ -23,7 +23,7 @@ use cudarc::driver::CudaSlice;
 use graphrun::exec::cuda::device::Buf;
 use graphrun::exec::cuda::launch::moe::RouterKernel;
 use graphrun::exec::cuda::launch::{self, layout, moe as gmoe, DeviceMatrix};
-use graphrun::exec::cuda::{CudaError, Gpu, ReadyInputs};
+use graphrun::exec::cuda::{CudaError, Launch, ReadyInputs};
 use graphrun::ops::{embed, moe, ple};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -139,7 +139,7 @@ fn zero_probability_logits(experts: usize) -> Vec<f32> {
 /// Routes `l` on the device and checks it: bit-equal to the reference with the device's exp;
 /// ids equal to `ops::moe::route`'s and weights within ROUTER_WEIGHT_BOUND. By both kernels where
 /// the narrow one holds the row (so bit-equal to each other), else by the wide one.
-fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
+fn check_router(gpu: &Launch, what: &str, l: &[f32], rows: usize, experts: usize, k: usize) {
     let dl = gpu.upload(l, "logits").unwrap();
     let forms = if experts <= RouterKernel::Narrow.max_experts() {
         vec![RouterKernel::Narrow, RouterKernel::Wide]
@@ -186,7 +186,8 @@ fn check_router(gpu: &Gpu, what: &str, l: &[f32], rows: usize, experts: usize, k
 
 #[test]
 fn router_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
     // (rows, experts, top_k): tiny (one warp); not a multiple of 32 (a padded chunk); chunk
     // counts not a power of two; the real 512/10 at decode, at 3, 8, 64 rows and a prefill;
@@ -242,7 +243,8 @@ fn router_matches_the_reference() {
 /// The router's shape checks answer with errors naming the kernel.
 #[test]
 fn router_shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let l = gpu.upload(&[0.0f32; 16], "logits").unwrap();
     for (rows, experts, k) in [(2, 8, 9), (3, 8, 2), (1, 16, 0)] {
         for form in [RouterKernel::Narrow, RouterKernel::Wide] {
@@ -271,7 +273,7 @@ fn router_shape_errors_name_the_kernel() {
 }
 
 /// Weights of one expert bank: f32 or bf16 on the device, and the values the reference uses.
-fn bank(gpu: &Gpu, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
+fn bank(gpu: &Launch, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
     if bf16 {
         let bits = bf16_bits(&w);
         drop(w);
@@ -284,7 +286,7 @@ fn bank(gpu: &Gpu, w: Vec<f32>, bf16: bool) -> (DeviceMatrix, Vec<f32>) {
 
 /// Either expert variant (`moe_experts`, `moe_experts_expert_major`: the same arguments).
 type ExpertsFn = fn(
-    &Gpu,
+    &Launch,
     &CudaSlice<f32>,
     &CudaSlice<i64>,
     &CudaSlice<f32>,
@@ -299,7 +301,7 @@ type ExpertsFn = fn(
 /// An id out of range poisons its token's row with NaN and reads nothing out of bounds; the
 /// other tokens are as the reference.
 fn bad_id_poisons_only_its_row(
-    gpu: &Gpu,
+    gpu: &Launch,
     rng: &mut ChaCha8Rng,
     experts_fn: ExpertsFn,
     kernel: &str,
@@ -349,7 +351,8 @@ fn bad_id_poisons_only_its_row(
 
 #[test]
 fn experts_match_the_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
     let mut rows_form = 0;
     // (experts, hidden, intermediate, top_k, row counts): odd sizes (no 16-byte loads: the
@@ -501,7 +504,8 @@ fn experts_match_the_reference() {
 /// none); the same bits when run again (the grouping's order changes nothing).
 #[test]
 fn experts_expert_major_match_the_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0004);
     for (experts, hidden, inter, k, row_counts) in [
         (5, 37, 13, 3, &[1, 3, 8, 64][..]),
@@ -620,7 +624,8 @@ fn experts_expert_major_match_the_reference() {
 
 #[test]
 fn experts_shape_errors_name_the_kernel() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 8], "x").unwrap();
     let ids = gpu.upload(&[0i64; 2], "ids").unwrap();
     let w = gpu.upload(&[0.5f32; 2], "w").unwrap();
@@ -749,7 +754,7 @@ impl Ngram {
 
     /// Feeds `tokens` to the device in chunks of the given lengths, the history carried in one
     /// device buffer; returns all the ids and the final history.
-    fn gpu(&self, gpu: &Gpu, tokens: &[i64], chunks: &[usize]) -> (Vec<i64>, Vec<i64>) {
+    fn gpu(&self, gpu: &Launch, tokens: &[i64], chunks: &[usize]) -> (Vec<i64>, Vec<i64>) {
         let m = gpu.upload(&self.multipliers, "multipliers").unwrap();
         let s = gpu.upload(&self.sizes, "sizes").unwrap();
         let o = gpu.upload(&self.offsets, "offsets").unwrap();
@@ -790,7 +795,8 @@ fn prefix_sums(sizes: &[i64]) -> Vec<i64> {
 
 #[test]
 fn ngram_ids_match_the_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
 
     // The spec's tiny test vector (computed by transformers).
     let tiny = Ngram::tiny();
@@ -887,7 +893,8 @@ impl Ngram {
 /// 700 (thousands of blocks, every block's ids straddling items), eos frequent.
 #[test]
 fn ple_embed_matches_the_reference_over_steps() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = &Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x91e_e3bd);
     let real = Ngram::real();
     let mut configs = vec![(Ngram::tiny(), 8usize)];
@@ -1024,7 +1031,7 @@ fn ruled_router(experts: usize) -> RouterKernel {
 /// (`moe.cuda_token_major_rows`: rows a block where the registry's `token_major_rows` accepts it).
 #[allow(clippy::too_many_arguments)]
 fn moe_experts_as_ruled(
-    gpu: &Gpu,
+    gpu: &Launch,
     x: &cudarc::driver::CudaSlice<f32>,
     ids: &cudarc::driver::CudaSlice<i64>,
     w: &cudarc::driver::CudaSlice<f32>,

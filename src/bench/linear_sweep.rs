@@ -18,7 +18,7 @@ use crate::exec::cuda::launch::linear::{
     linear_group, linear_hc_write, linear_one_token, GroupKernel, OneToken,
 };
 use crate::exec::cuda::launch::{self, DeviceMatrix};
-use crate::exec::cuda::{CudaError, Gpu};
+use crate::exec::cuda::{CudaError, Gpu, Launch};
 use crate::ir::{Op, Program};
 
 #[derive(Debug, Serialize)]
@@ -51,14 +51,14 @@ const READ_CEILING_BLOCKS: [usize; 2] = [4, 8];
 /// the bytes a launch reads over the copy bandwidth (the copy both reads and writes, so a pure
 /// read may exceed 1): how near a one-token linear of these matrices could come to memory's
 /// limit.
-fn read_ceiling(gpu: &Gpu, sets: &[Vec<DeviceMatrix>], bandwidth: f64) -> Result<Vec<SweepRow>> {
+fn read_ceiling(cx: &Launch, sets: &[Vec<DeviceMatrix>], bandwidth: f64) -> Result<Vec<SweepRow>> {
     let m = &sets[0][0];
     let bytes = m.bytes();
-    let out = std::cell::RefCell::new(gpu.zeros::<u32>(1, "the read ceiling's word")?);
+    let out = std::cell::RefCell::new(cx.zeros::<u32>(1, "the read ceiling's word")?);
     let mut rows = Vec::new();
     for blocks in READ_CEILING_BLOCKS {
-        let us = time_back_to_back(gpu, LAUNCHES.max(sets.len()), &|i| {
-            launch::read_bytes(gpu, &mut out.borrow_mut(), &sets[i % sets.len()][0], blocks)
+        let us = time_back_to_back(cx, LAUNCHES.max(sets.len()), &|i| {
+            launch::read_bytes(cx, &mut out.borrow_mut(), &sets[i % sets.len()][0], blocks)
         })?;
         rows.push(SweepRow {
             op: "read ceiling".to_string(),
@@ -102,8 +102,8 @@ fn elapsed_us(
         .map_err(|e| CudaError::driver("reading a timing event", None, e))
 }
 
-fn event(gpu: &Gpu) -> std::result::Result<cudarc::driver::CudaEvent, CudaError> {
-    gpu.stream
+fn event(cx: &Launch) -> std::result::Result<cudarc::driver::CudaEvent, CudaError> {
+    cx.stream
         .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(|e| CudaError::driver("recording a timing event", None, e))
 }
@@ -126,33 +126,33 @@ fn group_shapes(program: &Program) -> BTreeSet<(usize, Vec<usize>)> {
 
 /// Times `launches` calls of `once(i)` back to back (queued behind a spinning kernel): µs each.
 fn time_back_to_back(
-    gpu: &Gpu,
+    cx: &Launch,
     launches: usize,
     once: &dyn Fn(usize) -> std::result::Result<(), CudaError>,
 ) -> std::result::Result<f64, CudaError> {
     once(0)?;
-    gpu.sync("a sweep warm-up")?;
-    launch::hold_gpu(gpu, 20_000_000)?;
-    let start = event(gpu)?;
+    cx.sync("a sweep warm-up")?;
+    launch::hold_gpu(cx, 20_000_000)?;
+    let start = event(cx)?;
     for i in 0..launches {
         once(i)?;
     }
-    let end = event(gpu)?;
-    gpu.sync("a sweep")?;
+    let end = event(cx)?;
+    cx.sync("a sweep")?;
     Ok(elapsed_us(&start, &end)? / launches as f64)
 }
 
 /// Enough copies of random bf16 matrices `[n_p, k]` (a set of parts a copy) that cycling
 /// through them, no copy is still in L2 when it comes round again.
-fn rotating_sets(gpu: &Gpu, k: usize, ns: &[usize]) -> Result<Vec<Vec<DeviceMatrix>>> {
+fn rotating_sets(cx: &Launch, k: usize, ns: &[usize]) -> Result<Vec<Vec<DeviceMatrix>>> {
     let bytes: usize = ns.iter().map(|n| n * k * 2).sum();
     let copies = ROTATION_BYTES.div_ceil(bytes.max(1)).clamp(2, 64);
     let mut sets = Vec::with_capacity(copies);
     for c in 0..copies {
         let mut set = Vec::with_capacity(ns.len());
         for (p, &n) in ns.iter().enumerate() {
-            let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n * k, "a sweep matrix")?);
-            launch::fill_uniform(gpu, &mut m, (c * 8 + p) as u64, -0.05, 0.05)?;
+            let mut m = DeviceMatrix::Bf16(cx.zeros::<u16>(n * k, "a sweep matrix")?);
+            launch::fill_uniform(cx, &mut m, (c * 8 + p) as u64, -0.05, 0.05)?;
             set.push(m);
         }
         sets.push(set);
@@ -163,17 +163,17 @@ fn rotating_sets(gpu: &Gpu, k: usize, ns: &[usize]) -> Result<Vec<Vec<DeviceMatr
 /// `bytes` of device memory as the scratch pool the launchers' outputs come from, reused by
 /// every launch (a fresh allocation would be a stream operation between the kernels); keep the
 /// returned buffer alive while it is the pool.
-fn output_pool(gpu: &Gpu, bytes: usize) -> Result<cudarc::driver::CudaSlice<u8>> {
+fn output_pool(cx: &Launch, bytes: usize) -> Result<cudarc::driver::CudaSlice<u8>> {
     use cudarc::driver::DevicePtr as _;
-    let out = gpu.zeros::<u8>(bytes, "the sweep output")?;
-    gpu.set_scratch_pool(Some((out.device_ptr(&gpu.stream).0, out.len())));
+    let out = cx.zeros::<u8>(bytes, "the sweep output")?;
+    cx.set_scratch_pool(Some((out.device_ptr(&cx.stream).0, out.len())));
     Ok(out)
 }
 
 /// Each sibling group of the program in one launch, by blocks and streamed (`linear_group_with`;
 /// the launcher's choice starred), and as separate launches (each part with its own variant), over
 /// rotating copies of the matrices.
-fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
+fn groups(cx: &Launch, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let chosen_of = |k: usize, total: usize| chosen_variant(program, "linear_group", k, total);
     let mut rows = Vec::new();
     for (k, ns) in group_shapes(program) {
@@ -181,35 +181,35 @@ fn groups(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>>
         if bytes == 0 {
             continue;
         }
-        let sets = rotating_sets(gpu, k, &ns)?;
+        let sets = rotating_sets(cx, k, &ns)?;
         let copies = sets.len();
-        let x = gpu.zeros::<f32>(k, "a sweep input")?;
+        let x = cx.zeros::<f32>(k, "a sweep input")?;
         let total: usize = ns.iter().sum();
-        let _pool = output_pool(gpu, total * 4 + 256 * ns.len())?;
+        let _pool = output_pool(cx, total * 4 + 256 * ns.len())?;
         let launches = LAUNCHES.max(copies);
         let one_launch = |how| {
-            time_back_to_back(gpu, launches, &|i| {
-                gpu.next_node_scratch();
+            time_back_to_back(cx, launches, &|i| {
+                cx.reset_scratch();
                 let refs: Vec<&DeviceMatrix> = sets[i % copies].iter().collect();
-                linear_group(gpu, &x, &refs, 1, how).map(drop)
+                linear_group(cx, &x, &refs, 1, how).map(drop)
             })
         };
         let blocks = one_launch(GroupKernel::Blocks)?;
         let refs: Vec<&DeviceMatrix> = sets[0].iter().collect();
         let chosen = chosen_of(k, total);
-        let streamed = if GroupKernel::Streamed.takes(gpu, &x, &refs) {
+        let streamed = if GroupKernel::Streamed.takes(cx, &x, &refs) {
             Some(one_launch(GroupKernel::Streamed)?)
         } else {
             None
         };
-        let separate = time_back_to_back(gpu, launches, &|i| {
-            gpu.next_node_scratch();
+        let separate = time_back_to_back(cx, launches, &|i| {
+            cx.reset_scratch();
             for (m, &n) in sets[i % copies].iter().zip(&ns) {
-                linear_one_token(gpu, &x, m, k, n, separate_part(program, k, n))?;
+                linear_one_token(cx, &x, m, k, n, separate_part(program, k, n))?;
             }
             Ok(())
         })?;
-        gpu.set_scratch_pool(None);
+        cx.set_scratch_pool(None);
         let shape = ns
             .iter()
             .map(|n| n.to_string())
@@ -352,7 +352,7 @@ fn hc_read_shapes(program: &Program) -> BTreeSet<(usize, usize, usize, usize)> {
 
 /// The fused hyper-connection read (both kernels) with each first-kernel variant, over rotating
 /// copies of its three matrices.
-fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
+fn hc_reads(cx: &Launch, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
     for (width, rank, streams, norm_len) in hc_read_shapes(program) {
         if width == 0 || rank == 0 || streams == 0 {
@@ -360,19 +360,19 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
         }
         let bytes = (2 * rank + streams) * width * 2;
         // [down; inject] share k = width; up is [width, rank].
-        let row_sets = rotating_sets(gpu, width, &[rank, streams])?;
-        let up_sets = rotating_sets(gpu, rank, &[width])?;
-        let h = gpu.zeros::<f32>(width, "a sweep residual")?;
-        let norm = gpu.zeros::<f32>(norm_len, "a sweep norm")?;
-        let _pool = output_pool(gpu, (rank + 2 * streams + width / streams) * 4 + 1024)?;
+        let row_sets = rotating_sets(cx, width, &[rank, streams])?;
+        let up_sets = rotating_sets(cx, rank, &[width])?;
+        let h = cx.zeros::<f32>(width, "a sweep residual")?;
+        let norm = cx.zeros::<f32>(norm_len, "a sweep norm")?;
+        let _pool = output_pool(cx, (rank + 2 * streams + width / streams) * 4 + 1024)?;
         let chosen = chosen_variant(program, "hc_read", width, rank);
         let launches = LAUNCHES.max(row_sets.len()).max(up_sets.len());
         for v in HcReadAct::ALL {
-            let us = time_back_to_back(gpu, launches, &|i| {
-                gpu.next_node_scratch();
+            let us = time_back_to_back(cx, launches, &|i| {
+                cx.reset_scratch();
                 let (d, u) = (&row_sets[i % row_sets.len()], &up_sets[i % up_sets.len()]);
                 hc_read(
-                    gpu,
+                    cx,
                     &h,
                     &norm,
                     &d[0],
@@ -396,14 +396,14 @@ fn hc_reads(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow
                 chosen: chosen.as_deref() == Some(v.name().as_str()),
             });
         }
-        gpu.set_scratch_pool(None);
+        cx.set_scratch_pool(None);
     }
     Ok(rows)
 }
 
 pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>> {
     let mut rows = Vec::new();
-    gpu.set_programmatic_launch(true);
+    let cx = &Launch::new(gpu).with_programmatic_launch(true);
     let all = shapes(program);
     // The read ceiling is timed over the largest plain linear's matrices.
     let largest = all
@@ -417,25 +417,25 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
             continue;
         }
         let bytes = n * k * 2;
-        let sets = rotating_sets(gpu, k, &[n])?;
+        let sets = rotating_sets(cx, k, &[n])?;
         let copies = sets.len();
-        let x = gpu.zeros::<f32>(k, "a sweep input")?;
-        let h = gpu.zeros::<f32>(STREAMS * n, "a sweep residual")?;
-        let inj = gpu.zeros::<f32>(STREAMS, "a sweep gain")?;
-        let _pool = output_pool(gpu, STREAMS * n * 4 + 256)?;
+        let x = cx.zeros::<f32>(k, "a sweep input")?;
+        let h = cx.zeros::<f32>(STREAMS * n, "a sweep residual")?;
+        let inj = cx.zeros::<f32>(STREAMS, "a sweep gain")?;
+        let _pool = output_pool(cx, STREAMS * n * 4 + 256)?;
         let op = if fused { "linear_hc_write" } else { "linear" };
         let chosen = chosen_variant(program, op, k, n);
         let linear_only = OneToken::LINEAR_ONLY
             .into_iter()
-            .filter(|v| !fused && v.takes(gpu, &x, &sets[0][0]));
+            .filter(|v| !fused && v.takes(cx, &x, &sets[0][0]));
         for v in OneToken::ALL.into_iter().chain(linear_only) {
-            let us = time_back_to_back(gpu, LAUNCHES.max(copies), &|i| {
-                gpu.next_node_scratch();
+            let us = time_back_to_back(cx, LAUNCHES.max(copies), &|i| {
+                cx.reset_scratch();
                 let m = &sets[i % copies][0];
                 if fused {
-                    linear_hc_write(gpu, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
+                    linear_hc_write(cx, &h, &inj, &x, m, 1, STREAMS, Some(v)).map(drop)
                 } else {
-                    linear_one_token(gpu, &x, m, k, n, v).map(drop)
+                    linear_one_token(cx, &x, m, k, n, v).map(drop)
                 }
             })?;
             rows.push(SweepRow {
@@ -449,12 +449,12 @@ pub fn run(gpu: &Gpu, program: &Program, bandwidth: f64) -> Result<Vec<SweepRow>
                 chosen: chosen.as_deref() == Some(v.variant().as_str()),
             });
         }
-        gpu.set_scratch_pool(None);
+        cx.set_scratch_pool(None);
         if (fused, k, n) == largest {
-            rows.extend(read_ceiling(gpu, &sets, bandwidth)?);
+            rows.extend(read_ceiling(cx, &sets, bandwidth)?);
         }
     }
-    rows.extend(groups(gpu, program, bandwidth)?);
-    rows.extend(hc_reads(gpu, program, bandwidth)?);
+    rows.extend(groups(cx, program, bandwidth)?);
+    rows.extend(hc_reads(cx, program, bandwidth)?);
     Ok(rows)
 }

@@ -77,6 +77,74 @@ pub fn run_values(
     tokens: &[i64],
     keep: &[&str],
 ) -> Result<HashMap<String, Val>, ExecError> {
+    run_observed(program, weights, state, tokens, keep, None)
+}
+
+/// What one node of a step read and wrote: the parity loop over the CUDA kernels
+/// (tests/gpu_parity.rs) runs each CUDA variant of the node on these inputs and states and
+/// compares it with these outputs.
+#[derive(Debug, Clone)]
+pub struct NodeRecord {
+    /// The node's place in the program.
+    pub index: usize,
+    /// The step's start position.
+    pub start: usize,
+    pub inputs: Vec<Val>,
+    pub states_before: Vec<StateBuf>,
+    pub outputs: Vec<Val>,
+    pub states_after: Vec<StateBuf>,
+}
+
+/// Runs one step and records every node's inputs, outputs and states (for the nodes `want`
+/// accepts; the others run unrecorded).
+pub fn record_step(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    want: &dyn Fn(&Node) -> bool,
+) -> Result<Vec<NodeRecord>, ExecError> {
+    let mut records = Vec::new();
+    let mut observe = |r: &Observed| records.push(r.to_owned());
+    run_observed(program, weights, state, tokens, &[], Some((want, &mut observe)))?;
+    Ok(records)
+}
+
+/// One node's launch as [`run_observed`] reports it (borrowed; [`NodeRecord`] owns one).
+struct Observed<'a> {
+    index: usize,
+    start: usize,
+    inputs: &'a [&'a Val],
+    states_before: &'a [StateBuf],
+    outputs: &'a [Val],
+    states_after: &'a [StateBuf],
+}
+
+impl Observed<'_> {
+    fn to_owned(&self) -> NodeRecord {
+        NodeRecord {
+            index: self.index,
+            start: self.start,
+            inputs: self.inputs.iter().map(|v| (*v).clone()).collect(),
+            states_before: self.states_before.to_vec(),
+            outputs: self.outputs.to_vec(),
+            states_after: self.states_after.to_vec(),
+        }
+    }
+}
+
+/// What a recording step reports to: the nodes wanted, and where each one's launch goes.
+type Observer<'o> = (&'o dyn Fn(&Node) -> bool, &'o mut dyn FnMut(&Observed));
+
+/// The step's interpreter loop; `observer` sees the launches of the nodes it wants.
+fn run_observed(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    keep: &[&str],
+    mut observer: Option<Observer>,
+) -> Result<HashMap<String, Val>, ExecError> {
     let start = state.position;
     state.ensure(&program.states, program.consts.ple_eos.unwrap_or(0));
     let mut values: HashMap<&str, Val> = HashMap::new();
@@ -88,7 +156,7 @@ pub fn run_values(
         },
     );
     let mut kept = HashMap::new();
-    for node in &program.nodes {
+    for (index, node) in program.nodes.iter().enumerate() {
         let inputs: Vec<&Val> = node.inputs.iter().map(|i| &values[i.as_str()]).collect();
         let ws: Vec<&WeightTensor> = node
             .weights
@@ -109,7 +177,20 @@ pub fn run_values(
                     .expect("ensure() created every declared state")
             })
             .collect();
+        // The states are copied only for a recorded node.
+        let recorded = observer.as_ref().is_some_and(|(want, _)| want(node));
+        let before = if recorded { bufs.clone() } else { Vec::new() };
         let result = exec_node(program, node, &inputs, &ws, &mut bufs, start);
+        if let (Ok(outputs), true, Some((_, observe))) = (&result, recorded, observer.as_mut()) {
+            observe(&Observed {
+                index,
+                start,
+                inputs: &inputs,
+                states_before: &before,
+                outputs,
+                states_after: &bufs,
+            });
+        }
         for (name, buf) in node.states.iter().zip(bufs) {
             state.bufs.insert(name.clone(), buf);
         }

@@ -27,6 +27,10 @@ use super::device::Gpu;
 pub struct KernelLaunch<'a> {
     gpu: &'a Gpu,
     func: &'a CudaFunction,
+    /// Whether the launch carries the programmatic-launch attribute.
+    programmatic: bool,
+    /// The node it belongs to (the timeline's label).
+    node: &'a str,
     /// Each argument's bytes in the low bytes of a u64 (pointers and 64-bit scalars fill it,
     /// 32-bit scalars take the first four bytes, which is where the driver reads them on the
     /// little-endian hosts CUDA runs on).
@@ -70,18 +74,19 @@ macro_rules! scalar_arg {
 }
 scalar_arg!(i64 => u64, u64 => u64, f64 => u64, i32 => u32, u32 => u32, f32 => u32);
 
-impl Gpu {
-    /// A launch of kernel `f` on the device's stream (arguments with `.arg`, then `.launch`).
-    pub fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> KernelLaunch<'a> {
-        KernelLaunch::new(self, f)
-    }
-}
-
 impl<'a> KernelLaunch<'a> {
-    pub fn new(gpu: &'a Gpu, func: &'a CudaFunction) -> KernelLaunch<'a> {
+    /// Made by [`Launch::launch_builder`](super::context::Launch::launch_builder).
+    pub(super) fn new(
+        gpu: &'a Gpu,
+        func: &'a CudaFunction,
+        programmatic: bool,
+        node: &'a str,
+    ) -> KernelLaunch<'a> {
         KernelLaunch {
             gpu,
             func,
+            programmatic,
+            node,
             args: Vec::with_capacity(16),
         }
     }
@@ -92,14 +97,14 @@ impl<'a> KernelLaunch<'a> {
     }
 
     /// Launches on the device's stream, with the programmatic-launch attribute when the device
-    /// supports it and the step allows it ([`Gpu::programmatic_launch`]).
+    /// supports it and the step allows it ([`Launch::programmatic_launch`](super::context::Launch)).
     ///
     /// # Safety
     /// As cudarc's `launch`: the arguments must match the kernel's parameters in number, order
     /// and type, and the kernel must stay inside the buffers it is given.
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         self.gpu.ctx.bind_to_thread()?;
-        self.gpu.trace_launch(self.func);
+        self.gpu.trace_launch(self.func, self.node);
         let mut params: Vec<*mut c_void> = self
             .args
             .iter_mut()
@@ -108,7 +113,7 @@ impl<'a> KernelLaunch<'a> {
         // SAFETY: plain C structs; zero is "no attribute value".
         let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
         let mut count = 0;
-        if self.gpu.programmatic_launch() {
+        if self.programmatic {
             let attr = &mut attrs[count];
             attr.id =
                 sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;

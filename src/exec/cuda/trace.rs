@@ -24,8 +24,6 @@ pub struct Tracer {
     pub buffer: CudaSlice<u64>,
     /// Labels ("node kernel") of the launches since [`Tracer::log`] was started, when it was.
     pub log: Option<Vec<String>>,
-    /// The node being launched (the executor sets it).
-    pub node: String,
 }
 
 /// One launch's record.

@@ -3,28 +3,27 @@
 //! ([`DeviceState`], `Append` states preallocated to a capacity); the step's start position is a
 //! device value that kernels read. Values live in one arena laid out by `memplan`; each segment
 //! is captured once as a CUDA graph and replayed. Each node launches the kernels its program
-//! names, and only those ([`Gpu::expect_kernels`]).
+//! names, and only those ([`Launch::for_node`]).
 
 use std::collections::HashMap;
 
 use cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr};
 
-use crate::ir::{GateActivation, LogitsMode, Op, Phase, Program, Segment, StateKind, WeightClass};
-use crate::ops::gdn::GdnShape;
-use crate::ops::indexer::IndexerShape;
+use crate::ir::{LogitsMode, Phase, Program, Segment, StateKind, WeightClass};
 use crate::weights::Weights;
 
+use super::context::{Launch, Slot};
 use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
-use super::launch::linear::{MmaTile, OneToken};
-use super::launch::{self, attention, gdn, layout, moe, ple, DeviceMatrix};
+use super::launch::{self, DeviceMatrix};
 
-mod dispatch;
+mod nodes;
 mod record;
+mod single;
 mod weights;
 
-use dispatch::{launch_node, ready_after};
 use record::*;
+pub use single::run_node;
 pub use weights::DeviceWeights;
 
 enum DevState {
@@ -52,9 +51,11 @@ struct StepIo {
     /// the kernels of a replayed graph find their values at the captured addresses. Held, not
     /// read: the slots below point into it.
     _arena: CudaSlice<u8>,
-    /// The arena slots (address, bytes) of the program input and of each node's outputs.
-    input_slot: (sys::CUdeviceptr, usize),
-    node_slots: Vec<Vec<(sys::CUdeviceptr, usize)>>,
+    /// The arena slots of the program input and of each node's outputs.
+    input_slot: Slot,
+    node_slots: Vec<Vec<Slot>>,
+    /// The planned shapes of each node's inputs, in its input order.
+    node_inputs: Vec<Vec<ValueShape>>,
     /// The kernels' temporaries (one node's at a time), sized by the most any node asked for in
     /// the step's first run; until then temporaries are allocated on the stream.
     scratch: Option<CudaSlice<u8>>,
@@ -75,11 +76,14 @@ impl StepIo {
             .iter()
             .map(|v| (v.name.as_str(), v))
             .collect();
-        let slot = |name: &str| -> Result<(sys::CUdeviceptr, usize), CudaError> {
-            let v = infos.get(name).ok_or_else(|| CudaError::Shape {
+        let info = |name: &str| {
+            infos.get(name).copied().ok_or_else(|| CudaError::Shape {
                 kernel: "arena".into(),
                 msg: format!("value `{name}` is not declared"),
-            })?;
+            })
+        };
+        let slot = |name: &str| -> Result<Slot, CudaError> {
+            let v = info(name)?;
             if v.offset + v.bytes > program.arena_bytes {
                 return Err(CudaError::Shape {
                     kernel: "arena".into(),
@@ -97,6 +101,16 @@ impl StepIo {
             .iter()
             .map(|n| n.outputs.iter().map(|o| slot(o)).collect())
             .collect::<Result<Vec<_>, _>>()?;
+        let node_inputs = program
+            .nodes
+            .iter()
+            .map(|n| {
+                n.inputs
+                    .iter()
+                    .map(|i| info(i).map(ValueShape::of))
+                    .collect()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(StepIo {
             step: gpu.zeros(1, "the step position")?,
             tokens: gpu.zeros(rows_in, "the step's tokens")?,
@@ -106,6 +120,7 @@ impl StepIo {
             _arena: arena,
             input_slot,
             node_slots,
+            node_inputs,
             scratch: None,
         })
     }
@@ -255,30 +270,39 @@ impl DeviceState {
     }
 }
 
+/// A value of a step on the device (its shape is the program's: [`ValueShape`]).
 enum DVal {
-    F32 { rows: usize, buf: Buf<f32> },
-    I64 { rows: usize, buf: Buf<i64> },
-    Sel { buf: Buf<i32> },
+    F32(Buf<f32>),
+    I64(Buf<i64>),
+    /// A selection, `i32 [rows, 2 + kept blocks]`.
+    Sel(Buf<i32>),
 }
 
 impl DVal {
     fn address(&self, stream: &cudarc::driver::CudaStream) -> sys::CUdeviceptr {
         match self {
-            DVal::F32 { buf, .. } => buf.address(stream),
-            DVal::I64 { buf, .. } => buf.address(stream),
-            DVal::Sel { buf } => buf.address(stream),
+            DVal::F32(buf) => buf.address(stream),
+            DVal::I64(buf) => buf.address(stream),
+            DVal::Sel(buf) => buf.address(stream),
         }
     }
-    fn f32(&self) -> (&CudaSlice<f32>, usize) {
-        match self {
-            DVal::F32 { rows, buf } => (buf, *rows),
-            _ => unreachable!("validated programs feed f32 where f32 is expected"),
-        }
-    }
-    fn i64(&self) -> (&CudaSlice<i64>, usize) {
-        match self {
-            DVal::I64 { rows, buf } => (buf, *rows),
-            _ => unreachable!("validated programs feed i64 where i64 is expected"),
+}
+
+/// A value's planned shape (`memplan`): what launchers size their grids by, so that no launch
+/// derives a width from a buffer's length.
+#[derive(Debug, Clone, Copy)]
+struct ValueShape {
+    rows: usize,
+    width: usize,
+    bytes: usize,
+}
+
+impl ValueShape {
+    fn of(v: &crate::ir::ValueInfo) -> ValueShape {
+        ValueShape {
+            rows: v.rows,
+            width: v.width,
+            bytes: v.bytes,
         }
     }
 }
@@ -326,8 +350,7 @@ pub fn run_greedy(
     let vocab = io.logits.len() / io.logits_rows.max(1);
     let last = io.logits.slice((io.logits_rows - 1) * vocab..);
     // A plain launch: what comes before it in the stream is a graph or the step's last node.
-    gpu.set_programmatic_launch(false);
-    launch::sampling::argmax_row(gpu, &mut io.greedy_key, &last)?;
+    launch::sampling::argmax_row(&Launch::new(gpu), &mut io.greedy_key, &last)?;
     let io = &state.io[&key];
     let key = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
         gpu.download(&io.greedy_key, "the greedy step's key")
@@ -407,9 +430,6 @@ fn launch_step(
             .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
     }
     let graphs = graphs && !state.sync_each_node && state.profile.is_none();
-    gpu.set_programmatic_launch(
-        state.programmatic_launch && !state.sync_each_node && state.profile.is_none(),
-    );
     let mut replayed = false;
     if graphs && state.graphs.contains_key(&key) {
         // A traced run holds replays of one step shape (refused before anything is launched,

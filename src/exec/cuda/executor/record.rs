@@ -18,13 +18,9 @@ pub(super) fn record(
         .io
         .remove(&key)
         .expect("run() prepared the step buffers");
-    let pool = io
-        .scratch
-        .as_ref()
-        .map(|b| (b.device_ptr(&gpu.stream).0, b.len()));
-    gpu.set_scratch_pool(pool);
     let result = record_nodes(gpu, program, weights, state, &mut io, capture);
-    let peak = gpu.set_scratch_pool(None);
+    let peak = *result.as_ref().map(|(_, peak)| peak).unwrap_or(&0);
+    let result = result.map(|(graphs, _)| graphs);
     // After the first run, a scratch buffer for the next ones (before any capture: a captured
     // graph keeps the addresses it saw).
     let sized = io.scratch.as_ref().map_or(0, |b| b.len());
@@ -45,7 +41,7 @@ pub(super) fn record(
 /// recorded into its own CUDA graph (returned in order) instead of running. Nothing between a
 /// capture's begin and end may synchronise, copy from the host or load modules: the segments
 /// only launch kernels (loaded by the eager first use), device copies and stream-ordered
-/// allocations.
+/// allocations. Also returns the most scratch one node held, in bytes.
 pub(super) fn record_nodes<'p>(
     gpu: &Gpu,
     program: &'p Program,
@@ -53,7 +49,7 @@ pub(super) fn record_nodes<'p>(
     state: &mut DeviceState,
     io: &mut StepIo,
     capture: bool,
-) -> Result<Vec<CudaGraph>, CudaError> {
+) -> Result<(Vec<CudaGraph>, usize), CudaError> {
     let whole = [Segment {
         start: 0,
         end: program.nodes.len(),
@@ -66,6 +62,7 @@ pub(super) fn record_nodes<'p>(
     let mut values: HashMap<&'p str, DVal> = HashMap::new();
     let mut marks = Vec::new();
     let mut graphs = Vec::new();
+    let mut peak = 0;
     for (i, &seg) in segments.iter().enumerate() {
         if capture {
             gpu.stream
@@ -85,7 +82,8 @@ pub(super) fn record_nodes<'p>(
             seg,
             first,
             last,
-        );
+        )
+        .map(|p| peak = peak.max(p));
         if capture {
             // The capture always ends, so that a failed launch leaves the stream usable.
             let graph = gpu
@@ -109,11 +107,11 @@ pub(super) fn record_nodes<'p>(
             entry.1 += ms / 1e3;
         }
     }
-    Ok(graphs)
+    Ok((graphs, peak))
 }
 
 /// Launches the nodes of one segment; the first segment also copies the step's tokens into the
-/// program input's slot, the last copies the logits out.
+/// program input's slot, the last copies the logits out. Returns the most scratch one node held.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn record_segment<'p>(
     gpu: &Gpu,
@@ -126,34 +124,29 @@ pub(super) fn record_segment<'p>(
     seg: Segment,
     first: bool,
     last: bool,
-) -> Result<(), CudaError> {
+) -> Result<usize, CudaError> {
     let rows_in = io.tokens.len();
     let profiling = state.profile.is_some();
+    let programmatic = state.programmatic_launch && !state.sync_each_node && !profiling;
+    let pool = io
+        .scratch
+        .as_ref()
+        .map(|b| (b.device_ptr(&gpu.stream).0, b.len()));
     if first {
         // The program's input is a copy of the step's tokens in its arena slot, like every value.
-        gpu.set_slots(&[io.input_slot]);
-        let mut tokens = gpu.output::<i64>(rows_in, "tokens");
-        gpu.set_slots(&[]);
-        if let Ok(t) = tokens.as_mut() {
-            gpu.stream
-                .memcpy_dtod(&io.tokens, &mut **t)
-                .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
-        }
-        values.insert(
-            program.input.as_str(),
-            DVal::I64 {
-                rows: rows_in,
-                buf: tokens?,
-            },
-        );
+        let cx = Launch::new(gpu).with_slots(&[io.input_slot]);
+        let mut tokens = cx.output::<i64>(rows_in, "tokens")?;
+        gpu.stream
+            .memcpy_dtod(&io.tokens, &mut *tokens)
+            .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
+        values.insert(program.input.as_str(), DVal::I64(tokens));
         // Events after each node of a profiled step, the first one before node 0.
         if profiling {
-            launch::hold_gpu(gpu, PROFILE_HOLD_NS)?;
+            launch::hold_gpu(&Launch::new(gpu), PROFILE_HOLD_NS)?;
             marks.push(timing_event(gpu)?);
         }
     }
-    let step = &io.step;
-    let cap = state.capacity;
+    let mut peak = 0;
     for index in seg.start..seg.end {
         let node = &program.nodes[index];
         // A node's states are taken out of the session for the launch and always put back, so a
@@ -168,35 +161,50 @@ pub(super) fn record_segment<'p>(
                     .expect("ensure() created every declared state")
             })
             .collect();
-        let arg = |i: usize| &values[node.inputs[i].as_str()];
         let slots = &io.node_slots[index];
-        gpu.set_slots(slots);
-        gpu.next_node_scratch();
-        gpu.set_trace_node(&node.name);
-        gpu.set_ready_inputs(if index > seg.start && gpu.programmatic_launch() {
-            ready_after(node, &program.nodes[index - 1])
+        let ready = if index > seg.start && programmatic {
+            nodes::ready_after(node, &program.nodes[index - 1])
         } else {
             ReadyInputs::NONE
-        });
-        gpu.expect_kernels(&node.name, &node.kernels);
-        let mut result = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap);
-        let named = gpu.launched_expected();
-        if result.is_ok() {
-            if let Err(e) = named {
-                result = Err(e);
-            }
-        }
+        };
+        let args = nodes::NodeArgs {
+            program,
+            weights,
+            node,
+            inputs: node.inputs.iter().map(|i| &values[i.as_str()]).collect(),
+            shapes: &io.node_inputs[index],
+            step: &io.step,
+            cap: state.capacity,
+        };
+        let launch = |ready| {
+            Launch::for_node(gpu, &node.name, &node.kernels)
+                .with_slots(slots)
+                .with_scratch_pool(pool)
+                .with_ready_inputs(ready)
+                .with_programmatic_launch(programmatic)
+        };
+        let cx = launch(ready);
+        let mut result = nodes::launch(&cx, &args, &mut bufs);
         let mut untaken = 0;
+        match cx.finish() {
+            Ok(done) => {
+                untaken += done.untaken_slots;
+                peak = peak.max(done.scratch_peak);
+            }
+            Err(e) => result = result.and(Err(e)),
+        }
         if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
             // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
-            untaken += gpu.set_slots(slots);
-            gpu.next_node_scratch();
-            gpu.set_ready_inputs(ReadyInputs::NONE);
-            if let Err(e) = launch_node(gpu, program, weights, node, &arg, &mut bufs, step, cap) {
-                result = Err(e);
+            let cx = launch(ReadyInputs::NONE);
+            match nodes::launch(&cx, &args, &mut bufs) {
+                // The second launch's outputs are in the first's slots; the first's are kept.
+                Ok(_again) => match cx.finish() {
+                    Ok(done) => untaken += done.untaken_slots,
+                    Err(e) => result = Err(e),
+                },
+                Err(e) => result = Err(e),
             }
         }
-        untaken += gpu.set_slots(&[]);
         for (name, buf) in node.states.iter().zip(bufs) {
             state.bufs.insert(name.clone(), buf);
         }
@@ -239,19 +247,19 @@ pub(super) fn record_segment<'p>(
     if gpu.tracing() {
         // The timeline's end mark (`exec::cuda::trace`): its release is the segment's last
         // node's end, so that node's time is measured too.
-        gpu.set_trace_node("end");
-        launch::trace_end(gpu)?;
+        let cx = Launch::labelled(gpu, "end").with_programmatic_launch(programmatic);
+        launch::trace_end(&cx)?;
     }
     if last {
         let logits = match values.remove(program.output.as_str()) {
-            Some(DVal::F32 { buf, .. }) => buf,
+            Some(DVal::F32(buf)) => buf,
             _ => unreachable!("validated programs output f32 logits"),
         };
         gpu.stream
             .memcpy_dtod(&*logits, &mut io.logits)
             .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
     }
-    Ok(())
+    Ok(peak)
 }
 
 /// How long a profiled step's launches are held back on the device (far longer than the host

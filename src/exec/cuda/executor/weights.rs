@@ -101,12 +101,12 @@ impl DeviceWeights {
             let seed_i = seed ^ ((i as u64 + 1) << 32);
             if matrix_names.contains(&info.name) && bf16 {
                 let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n, name)?);
-                launch::fill_uniform(gpu, &mut m, seed_i, lo, hi)?;
+                launch::fill_uniform(&Launch::new(gpu), &mut m, seed_i, lo, hi)?;
                 dw.bytes += n * 2;
                 dw.matrices.insert(info.name.clone(), m);
             } else {
                 let mut m = DeviceMatrix::F32(gpu.zeros::<f32>(n, name)?);
-                launch::fill_uniform(gpu, &mut m, seed_i, lo, hi)?;
+                launch::fill_uniform(&Launch::new(gpu), &mut m, seed_i, lo, hi)?;
                 dw.bytes += n * 4;
                 match m {
                     DeviceMatrix::F32(v) if !matrix_names.contains(&info.name) => {

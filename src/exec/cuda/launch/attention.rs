@@ -9,7 +9,8 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 use crate::ops::indexer::IndexerShape;
 
@@ -37,7 +38,7 @@ fn rope_dims(kernel: &str, head_dim: usize, rotary_dim: usize) -> Result<(), Cud
 /// [capacity, width]`, in one launch.
 #[allow(clippy::too_many_arguments)]
 fn append_kv_rows(
-    gpu: &Gpu,
+    cx: &Launch,
     k_cache: &mut CudaSlice<f32>,
     k: &CudaSlice<f32>,
     v_cache: &mut CudaSlice<f32>,
@@ -48,9 +49,9 @@ fn append_kv_rows(
     capacity: usize,
 ) -> Result<(), CudaError> {
     let kernel = "append_rows2_f32";
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let (r64, w64, c64) = (rows as i64, width as i64, capacity as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(k_cache)
         .arg(k)
         .arg(v_cache)
@@ -67,7 +68,7 @@ fn append_kv_rows(
 /// `ops::rope::rope`: partial NeoX RoPE on every head of `x [rows, width]`, row `t` at position
 /// `step[0] + t`.
 pub fn rope(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     rows: usize,
     step: &CudaSlice<i64>,
@@ -88,16 +89,16 @@ pub fn rope(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let width = x.len() / rows;
-    let mut y = gpu.output::<f32>(x.len(), kernel)?;
+    let mut y = cx.output::<f32>(x.len(), kernel)?;
     let (r64, w64, hd, rot) = (
         rows as i64,
         width as i64,
         head_dim as i32,
         rotary_dim as i32,
     );
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(step)
@@ -126,7 +127,7 @@ const NORM_ROPE_MAX_DIM: usize = 1024;
 /// head).
 #[allow(clippy::too_many_arguments)]
 pub fn norm_rope(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     rows: usize,
@@ -155,10 +156,10 @@ pub fn norm_rope(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let width = x.len() / rows;
     let blocks = rows * (width / head_dim);
-    let mut y = gpu.output::<f32>(x.len(), kernel)?;
+    let mut y = cx.output::<f32>(x.len(), kernel)?;
     let (r64, w64, hd, rot, wl) = (
         rows as i64,
         width as i64,
@@ -166,7 +167,7 @@ pub fn norm_rope(
         rotary_dim as i32,
         w.len() as i64,
     );
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(w)
@@ -245,7 +246,7 @@ fn indexer_work_len(rows: usize, nb: usize) -> usize {
 /// at 256k tokens with block 4) and 48 KiB per row (counters and candidates).
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_select(
-    gpu: &Gpu,
+    cx: &Launch,
     q: &CudaSlice<f32>,
     k_raw: &CudaSlice<f32>,
     k_norm: &CudaSlice<f32>,
@@ -273,7 +274,7 @@ pub fn indexer_select(
         },
     )?;
     select_launches(
-        gpu,
+        cx,
         IndexerQuery::Ready { q, k_raw },
         k_norm,
         raw_keys,
@@ -294,7 +295,7 @@ pub fn indexer_select(
 /// as [`indexer_select`], where the unfused chain has three more (two slices and `norm_rope`).
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_select_qk(
-    gpu: &Gpu,
+    cx: &Launch,
     qk: &CudaSlice<f32>,
     q_norm: &CudaSlice<f32>,
     k_norm: &CudaSlice<f32>,
@@ -326,7 +327,7 @@ pub fn indexer_select_qk(
         format!("head_dim {head_dim} is more than {NORM_ROPE_MAX_DIM}")
     })?;
     select_launches(
-        gpu,
+        cx,
         IndexerQuery::Projection { qk, q_norm },
         k_norm,
         raw_keys,
@@ -358,7 +359,7 @@ enum IndexerQuery<'a> {
 /// checked by the callers).
 #[allow(clippy::too_many_arguments)]
 fn select_launches(
-    gpu: &Gpu,
+    cx: &Launch,
     query: IndexerQuery<'_>,
     k_norm: &CudaSlice<f32>,
     raw_keys: &mut CudaSlice<f32>,
@@ -417,10 +418,10 @@ fn select_launches(
         blocks as i64,
         capacity as i64,
     );
-    let mut work = gpu.scratch::<u32>(indexer_work_len(rows, blocks), kernel)?;
+    let mut work = cx.scratch::<u32>(indexer_work_len(rows, blocks), kernel)?;
     // The queries for launch 2: ready, or formed by launch 1 into a scratch.
     let mut q_formed = match query {
-        IndexerQuery::Projection { .. } => Some(gpu.scratch::<f32>(rows * heads * hd, kernel)?),
+        IndexerQuery::Projection { .. } => Some(cx.scratch::<f32>(rows * heads * hd, kernel)?),
         IndexerQuery::Ready { .. } => None,
     };
     let (k_raw, k_stride) = match query {
@@ -443,14 +444,14 @@ fn select_launches(
         .div_ceil(threads as usize * 8)
         .clamp(1, 1024);
     let q_blocks = if q_formed.is_some() { rows * heads } else { 0 };
-    let f = gpu.function(FILE, prep)?;
+    let f = cx.function(FILE, prep)?;
     let cfg = LaunchConfig {
         grid_dim: ((slots + spread + q_blocks) as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: (3 * hd * 4) as u32,
     };
     let (slots64, k_stride64, heads32) = (slots as i64, k_stride as i64, heads as i32);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *raw_keys)
         .arg(&mut *pooled)
         .arg(&mut *work)
@@ -499,7 +500,7 @@ fn select_launches(
     //    rows' histograms.
     let score = "indexer_select_score_f32";
     let groups = rows.div_ceil(SCORE_ROWS);
-    let f = gpu.function(FILE, score)?;
+    let f = cx.function(FILE, score)?;
     let cfg = LaunchConfig {
         grid_dim: (
             blocks.div_ceil(IDX_TILE).clamp(1, SCORE_BLOCKS) as u32,
@@ -510,7 +511,7 @@ fn select_launches(
         shared_mem_bytes: score_shared as u32,
     };
     let (heads32, group32) = (heads as i32, SCORE_ROWS as i32);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *work)
         .arg(q)
         .arg(&*pooled)
@@ -531,8 +532,8 @@ fn select_launches(
 
     // 3. Top-k per row into the selection.
     let topk = "indexer_select_topk_f32";
-    let mut sel = gpu.output::<i32>(rows * (2 + keep), topk)?;
-    let f = gpu.function(FILE, topk)?;
+    let mut sel = cx.output::<i32>(rows * (2 + keep), topk)?;
+    let f = cx.function(FILE, topk)?;
     let cfg = LaunchConfig {
         grid_dim: (
             blocks.div_ceil(IDX_CHUNK).max(1) as u32,
@@ -542,7 +543,7 @@ fn select_launches(
         block_dim: (IDX_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *sel)
         .arg(&mut *work)
         .arg(step)
@@ -561,7 +562,7 @@ fn select_launches(
 /// `[start, start+rows)` of the caches (errors name `kernel`).
 #[allow(clippy::too_many_arguments)]
 fn append_kv(
-    gpu: &Gpu,
+    cx: &Launch,
     kernel: &str,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
@@ -613,7 +614,7 @@ fn append_kv(
             )
         },
     )?;
-    append_kv_rows(gpu, k_cache, k, v_cache, v, rows, step, kw, capacity)
+    append_kv_rows(cx, k_cache, k, v_cache, v, rows, step, kw, capacity)
 }
 
 /// `Attention` (as `exec::cpu`): appends `k, v [rows, kv_heads*head_dim]` to rows
@@ -623,7 +624,7 @@ fn append_kv(
 /// rows name blocks of `block` positions), query head h reading kv head h/(heads/kv_heads).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
-    gpu: &Gpu,
+    cx: &Launch,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
@@ -642,7 +643,7 @@ pub fn attention(
     let kernel = "attention_reference_f32";
     reference_fits(kernel, head_dim)?;
     append_kv(
-        gpu, kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
+        cx, kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
     let dims = AttendDims {
@@ -654,7 +655,7 @@ pub fn attention(
         keep,
         block,
     };
-    attend_reference(gpu, kernel, q, None, sel, k_cache, v_cache, &dims)
+    attend_reference(cx, kernel, q, None, sel, k_cache, v_cache, &dims)
 }
 
 /// The step's dimensions once the caches hold its rows (the attention kernels' shared arguments).
@@ -680,7 +681,7 @@ fn reference_fits(kernel: &str, head_dim: usize) -> Result<(), CudaError> {
 /// output times sigmoid of its gate.
 #[allow(clippy::too_many_arguments)]
 fn attend_reference(
-    gpu: &Gpu,
+    cx: &Launch,
     kernel: &str,
     q: &CudaSlice<f32>,
     gate: Option<&CudaSlice<f32>>,
@@ -689,8 +690,8 @@ fn attend_reference(
     v_cache: &CudaSlice<f32>,
     d: &AttendDims,
 ) -> Result<Buf<f32>, CudaError> {
-    let f = gpu.function(FILE, kernel)?;
-    let mut y = gpu.output::<f32>(q.len(), kernel)?;
+    let f = cx.function(FILE, kernel)?;
+    let mut y = cx.output::<f32>(q.len(), kernel)?;
     let cfg = LaunchConfig {
         grid_dim: ((d.rows * d.heads).min(i32::MAX as usize) as u32, 1, 1),
         block_dim: (ATTN_CHUNK, 1, 1),
@@ -705,7 +706,7 @@ fn attend_reference(
         d.keep as i32,
         d.capacity as i64,
     );
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(q).arg(k_cache).arg(v_cache).arg(sel);
     if let Some(qg) = gate {
         b.arg(qg);
@@ -764,7 +765,7 @@ pub fn split_count(
 /// otherwise: the schedule gives other shapes the reference variant).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_split(
-    gpu: &Gpu,
+    cx: &Launch,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
@@ -782,7 +783,7 @@ pub fn attention_split(
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = split_kernel(heads, kv_heads, head_dim, capacity)?;
     append_kv(
-        gpu, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
+        cx, &kernel, q, k, v, sel, k_cache, v_cache, rows, step, heads, kv_heads, head_dim,
         capacity, keep, block,
     )?;
     let dims = AttendDims {
@@ -794,7 +795,7 @@ pub fn attention_split(
         keep,
         block,
     };
-    attend_split(gpu, &kernel, q, None, sel, k_cache, v_cache, &dims)
+    attend_split(cx, &kernel, q, None, sel, k_cache, v_cache, &dims)
 }
 
 /// The `attention_split_*` kernel that takes this shape (`registry::cuda::attention`), or the
@@ -821,7 +822,7 @@ fn split_kernel(
 /// `attention_split_combine_gated_f32`: each output times sigmoid of its gate.
 #[allow(clippy::too_many_arguments)]
 fn attend_split(
-    gpu: &Gpu,
+    cx: &Launch,
     kernel: &str,
     q: &CudaSlice<f32>,
     gate: Option<&CudaSlice<f32>>,
@@ -840,10 +841,10 @@ fn attend_split(
         block,
     } = *d;
     let group = heads / kv_heads;
-    let splits = split_count(gpu.multiprocessors, rows, kv_heads, capacity, keep, block);
+    let splits = split_count(cx.multiprocessors, rows, kv_heads, capacity, keep, block);
     let partials = rows * heads * splits;
-    let mut part_acc = gpu.scratch::<f32>(partials * head_dim, kernel)?;
-    let mut part_ml = gpu.scratch::<f32>(partials * 2, kernel)?;
+    let mut part_acc = cx.scratch::<f32>(partials * head_dim, kernel)?;
+    let mut part_ml = cx.scratch::<f32>(partials * 2, kernel)?;
     let (r64, h32, kv32, hd32, block32, keep32, cap64, splits32) = (
         rows as i64,
         heads as i32,
@@ -855,7 +856,7 @@ fn attend_split(
         splits as i32,
     );
 
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (
             (rows * kv_heads * splits).min(i32::MAX as usize) as u32,
@@ -865,7 +866,7 @@ fn attend_split(
         block_dim: (SPLIT_THREADS, 1, 1),
         shared_mem_bytes: (group * SPLIT_MAX_HEAD_DIM * 4) as u32,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *part_acc)
         .arg(&mut *part_ml)
         .arg(q)
@@ -893,14 +894,14 @@ fn attend_split(
     } else {
         "attention_split_combine_f32"
     };
-    let f = gpu.function(FILE, combine)?;
-    let mut y = gpu.output::<f32>(q.len(), combine)?;
+    let f = cx.function(FILE, combine)?;
+    let mut y = cx.output::<f32>(q.len(), combine)?;
     let cfg = LaunchConfig {
         grid_dim: ((rows * heads).min(i32::MAX as usize) as u32, 1, 1),
         block_dim: (SPLIT_THREADS, 1, 1),
         shared_mem_bytes: (splits * 4) as u32,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(&*part_acc).arg(&*part_ml);
     if let Some(qg) = gate {
         b.arg(qg);
@@ -945,7 +946,7 @@ pub struct GatedAttentionInputs<'a> {
 /// epilogue, the gate read from qg). The same bits as the unfused ops' kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_attention(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &GatedAttentionInputs,
     k_cache: &mut CudaSlice<f32>,
     v_cache: &mut CudaSlice<f32>,
@@ -960,10 +961,10 @@ pub fn gated_attention(
     let kernel = "attention_reference_gated_f32";
     reference_fits(kernel, s.head_dim)?;
     let q = gated_prepare(
-        gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
     )?;
     let dims = s.attend_dims(rows, capacity, keep);
-    attend_reference(gpu, kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
+    attend_reference(cx, kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
 }
 
 /// [`gated_attention`] with [`attention_split`]'s kernels (the same result within f32 rounding;
@@ -973,7 +974,7 @@ pub fn gated_attention(
 /// kernels do not take are an error.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_attention_split(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &GatedAttentionInputs,
     k_cache: &mut CudaSlice<f32>,
     v_cache: &mut CudaSlice<f32>,
@@ -987,10 +988,10 @@ pub fn gated_attention_split(
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = split_kernel(s.heads, s.kv_heads, s.head_dim, capacity)?;
     let q = gated_prepare(
-        gpu, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
     )?;
     let dims = s.attend_dims(rows, capacity, keep);
-    attend_split(gpu, &kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
+    attend_split(cx, &kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
 }
 
 impl GatedAttentionShape {
@@ -1012,7 +1013,7 @@ impl GatedAttentionShape {
 /// step's k (normalised, rotated) and v appended to the caches.
 #[allow(clippy::too_many_arguments)]
 fn gated_prepare(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &GatedAttentionInputs,
     k_cache: &mut CudaSlice<f32>,
     v_cache: &mut CudaSlice<f32>,
@@ -1090,8 +1091,8 @@ fn gated_prepare(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
-    let mut q = gpu.scratch::<f32>(rows * qw, kernel)?;
+    let f = cx.function(FILE, kernel)?;
+    let mut q = cx.scratch::<f32>(rows * qw, kernel)?;
     let (r64, h32, kv32, hd32, rot32, qwl, kwl, cap64) = (
         rows as i64,
         heads as i32,
@@ -1102,7 +1103,7 @@ fn gated_prepare(
         x.k_norm.len() as i64,
         capacity as i64,
     );
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *q)
         .arg(&mut *k_cache)
         .arg(&mut *v_cache)

@@ -5,14 +5,15 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{arg_matrix, grid_for, launched, shape, DeviceMatrix};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 
 const FILE: &str = "embed.cu";
 
 /// Gathers rows of `table [rows, d]` for each id.
 pub fn embed(
-    gpu: &Gpu,
+    cx: &Launch,
     ids: &CudaSlice<i64>,
     table: &DeviceMatrix,
     d: usize,
@@ -22,12 +23,12 @@ pub fn embed(
     shape(kernel, d > 0 && table.len().is_multiple_of(d), || {
         format!("table of {} values is not rows of {d}", table.len())
     })?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let count = ids.len();
-    let mut y = gpu.output::<f32>(count * d, kernel)?;
+    let mut y = cx.output::<f32>(count * d, kernel)?;
     let (c64, d64) = (count as i64, d as i64);
     let cfg = grid_for(count * d, 256);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(ids);
     arg_matrix(&mut b, table);
     b.arg(&c64).arg(&d64);
@@ -41,7 +42,7 @@ pub fn embed(
 /// `rows` rows of `ids [rows, n]`, its `n` rows of `table [.., d]` copied into each of `streams`
 /// streams → `[rows, streams*n*d]`.
 pub fn embed_streams(
-    gpu: &Gpu,
+    cx: &Launch,
     ids: &CudaSlice<i64>,
     rows: usize,
     table: &DeviceMatrix,
@@ -66,11 +67,11 @@ pub fn embed_streams(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let count = ids.len();
-    let mut y = gpu.output::<f32>(count * d * streams, kernel)?;
+    let mut y = cx.output::<f32>(count * d * streams, kernel)?;
     let (r64, n64, d64, s64) = (rows as i64, (count / rows) as i64, d as i64, streams as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(ids);
     arg_matrix(&mut b, table);
     b.arg(&r64).arg(&n64).arg(&d64).arg(&s64);
@@ -143,10 +144,10 @@ const PLE_EMBED_THREADS: u32 = 256;
 /// `[rows, (ngram-1)·heads_per_ngram·d]`. Every block hashes the ids of its own values; the last
 /// block to arrive at an arrival counter ([`Gpu::counters`]), once every block has copied the
 /// old history, writes the new one (kernels/embed.cu says why that is race-free). With the
-/// tokens ready before the node ahead has finished ([`Gpu::take_ready_inputs`]) the blocks hash
+/// tokens ready before the node ahead has finished ([`Launch::take_ready_inputs`]) the blocks hash
 /// and gather before their wait.
 pub fn ple_embed(
-    gpu: &Gpu,
+    cx: &Launch,
     tokens: &CudaSlice<i64>,
     history: &mut CudaSlice<i64>,
     hash: &NgramHash<'_>,
@@ -160,19 +161,19 @@ pub fn ple_embed(
         format!("a table of {} values in rows of {d}", table.len())
     })?;
     let rows = tokens.len();
-    let ready = gpu.take_ready_inputs().all(&[0]) as i32;
-    let f = gpu.function(FILE, kernel)?;
+    let ready = cx.take_ready_inputs().all(&[0]) as i32;
+    let f = cx.function(FILE, kernel)?;
     let n = rows * heads * d;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     // A word of its own among the device's arrival counters (at 0 between launches).
-    let arrivals = gpu.counters() + 4 * (gpu.counter_count() as u64 - 1);
+    let arrivals = cx.counters() + 4 * (cx.counter_count() as u64 - 1);
     let (r64, d64) = (rows as i64, d as i64);
     let (n32, h32) = (hash.ngram as i32, hash.heads_per_ngram as i32);
     let cfg = LaunchConfig {
         block_dim: (PLE_EMBED_THREADS, 1, 1),
         ..grid_for(n, PLE_EMBED_THREADS)
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(history).arg(&arrivals).arg(tokens);
     arg_matrix(&mut b, table);
     b.arg(&r64)

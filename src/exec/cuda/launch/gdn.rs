@@ -4,7 +4,8 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 use crate::ops::gdn::GdnShape;
 
@@ -47,7 +48,7 @@ impl ConvKernel {
 /// to the last `(kernel-1)*dilation` rows of `window ++ x`.
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     window: &mut CudaSlice<f32>,
     w: &CudaSlice<f32>,
@@ -98,9 +99,9 @@ pub fn causal_conv(
     if how == ConvKernel::Step {
         // One launch: a thread per channel, its rows in order, then its window's shift.
         let name = "causal_conv_step_f32";
-        let f = gpu.function("gdn.cu", name)?;
-        let mut y = gpu.output::<f32>(n, name)?;
-        let mut b = gpu.launch_builder(&f);
+        let f = cx.function("gdn.cu", name)?;
+        let mut y = cx.output::<f32>(n, name)?;
+        let mut b = cx.launch_builder(&f);
         b.arg(&mut *y)
             .arg(&mut *window)
             .arg(x)
@@ -128,7 +129,7 @@ pub fn causal_conv(
         };
         // kernel <= CONV_MAX_TAPS (the kernel's register weights); both grid dimensions stride.
         many_rows_conv(
-            gpu,
+            cx,
             "causal_conv_rows_f32",
             cfg,
             x,
@@ -140,7 +141,7 @@ pub fn causal_conv(
     } else {
         // A thread per value.
         many_rows_conv(
-            gpu,
+            cx,
             name,
             grid_for(n, 256),
             x,
@@ -150,7 +151,7 @@ pub fn causal_conv(
             [k32, d32, s32],
         )?
     };
-    shift_window(gpu, window, x, rows, width, past)?;
+    shift_window(cx, window, x, rows, width, past)?;
     Ok(y)
 }
 
@@ -160,7 +161,7 @@ pub fn causal_conv(
 /// read is in [0, past + rows).
 #[allow(clippy::too_many_arguments)]
 fn many_rows_conv(
-    gpu: &Gpu,
+    cx: &Launch,
     name: &str,
     cfg: LaunchConfig,
     x: &CudaSlice<f32>,
@@ -169,9 +170,9 @@ fn many_rows_conv(
     [rows, width]: [i64; 2],
     [kernel, dilation, silu]: [i32; 3],
 ) -> Result<Buf<f32>, CudaError> {
-    let f = gpu.function("gdn.cu", name)?;
-    let mut y = gpu.output::<f32>((rows * width) as usize, name)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("gdn.cu", name)?;
+    let mut y = cx.output::<f32>((rows * width) as usize, name)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(window)
@@ -189,7 +190,7 @@ fn many_rows_conv(
 /// The window's shift after a many-row convolution (`causal_conv_window_f32`): its `past` rows
 /// become the last `past` rows of `window ++ x`. Shapes were checked by the caller.
 fn shift_window(
-    gpu: &Gpu,
+    cx: &Launch,
     window: &mut CudaSlice<f32>,
     x: &CudaSlice<f32>,
     rows: usize,
@@ -201,8 +202,8 @@ fn shift_window(
     }
     let name = "causal_conv_window_f32";
     let (r64, w64, p64) = (rows as i64, width as i64, past as i64);
-    let f = gpu.function("gdn.cu", name)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("gdn.cu", name)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *window).arg(x).arg(&r64).arg(&w64).arg(&p64);
     // SAFETY: window holds past*width floats and x rows*width (checked by the caller). Launched
     // after the convolution on the same stream, so every read of the old window is done; within
@@ -214,7 +215,7 @@ fn shift_window(
 /// `(beta, g)` for `b`, `a [rows, heads]`: `beta = sigmoid(b)`,
 /// `g = -exp(a_log) * softplus(a + dt_bias)` (torch's softplus, threshold 20).
 pub fn gdn_gates(
-    gpu: &Gpu,
+    cx: &Launch,
     b_in: &CudaSlice<f32>,
     a: &CudaSlice<f32>,
     a_log: &CudaSlice<f32>,
@@ -241,12 +242,12 @@ pub fn gdn_gates(
             )
         },
     )?;
-    let f = gpu.function("gdn.cu", name)?;
+    let f = cx.function("gdn.cu", name)?;
     let n = rows * heads;
-    let mut beta = gpu.output::<f32>(n, "gdn beta")?;
-    let mut g = gpu.output::<f32>(n, "gdn g")?;
+    let mut beta = cx.output::<f32>(n, "gdn beta")?;
+    let mut g = cx.output::<f32>(n, "gdn g")?;
     let (n64, h32) = (n as i64, heads as i32);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *beta)
         .arg(&mut *g)
         .arg(b_in)
@@ -392,7 +393,7 @@ fn check_heads(
 
 /// `gdn_recurrence` with the given layout (the tests try both).
 pub fn gdn_recurrence_with(
-    gpu: &Gpu,
+    cx: &Launch,
     qkv: &CudaSlice<f32>,
     gates: GdnGates<'_>,
     state: &mut CudaSlice<f32>,
@@ -426,10 +427,10 @@ pub fn gdn_recurrence_with(
             )
         },
     )?;
-    let f = gpu.function("gdn.cu", name)?;
-    let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
+    let f = cx.function("gdn.cu", name)?;
+    let mut out = cx.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *out).arg(&mut *state).arg(qkv);
     for g in &gate_args {
         b.arg(*g);
@@ -452,7 +453,7 @@ pub fn gdn_recurrence_with(
 /// decode-sized steps (the executor's fusion predicate keeps longer steps on the staged scan).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_normed_recurrence(
-    gpu: &Gpu,
+    cx: &Launch,
     qkv: &CudaSlice<f32>,
     b_in: &CudaSlice<f32>,
     a: &CudaSlice<f32>,
@@ -496,8 +497,8 @@ pub fn gdn_normed_recurrence(
             )
         },
     )?;
-    let f = gpu.function("gdn.cu", name)?;
-    let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
+    let f = cx.function("gdn.cu", name)?;
+    let mut out = cx.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
     let sig = sigmoid as i32;
     let cfg = LaunchConfig {
@@ -505,7 +506,7 @@ pub fn gdn_normed_recurrence(
         block_dim: ((dv.div_ceil(NORMED_WARP_COLS) * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *out)
         .arg(&mut *state)
         .arg(qkv)
@@ -534,7 +535,7 @@ pub fn gdn_normed_recurrence(
 /// convolution of `kernel` taps: heads of up to 128 x 128, 1 to 8 rows and taps, whole groups
 /// of value heads a key head, and key heads that the device's arrival counters cover
 /// ([`Gpu::counters`]); as `registry::cuda::gdn` declares it.
-fn conv_normed_takes(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> bool {
+fn conv_normed_takes(cx: &Launch, s: &GdnShape, kernel: usize, rows: usize) -> bool {
     let whole_groups = s.key_heads > 0
         && s.value_heads >= s.key_heads
         && s.value_heads.is_multiple_of(s.key_heads);
@@ -543,7 +544,7 @@ fn conv_normed_takes(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> boo
         && (1..=NORMED_MAX_DV).contains(&s.value_dim)
         && (1..=CONV_NORMED_MAX_ROWS).contains(&rows)
         && (1..=CONV_MAX_TAPS).contains(&kernel)
-        && s.key_heads <= gpu.counter_count()
+        && s.key_heads <= cx.counter_count()
 }
 
 /// The causal convolution (`kernel` taps, dilation 1, SiLU) of the raw projection `qkv [rows,
@@ -556,7 +557,7 @@ fn conv_normed_takes(gpu: &Gpu, s: &GdnShape, kernel: usize, rows: usize) -> boo
 /// an arrival counter: for decode-sized steps ([`conv_normed_takes`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_conv_normed_recurrence(
-    gpu: &Gpu,
+    cx: &Launch,
     qkv: &CudaSlice<f32>,
     conv_w: &CudaSlice<f32>,
     window: &mut CudaSlice<f32>,
@@ -576,11 +577,11 @@ pub fn gdn_conv_normed_recurrence(
     let name = "gdn_conv_normed_recurrence_f32";
     let (kh, vh, dk, dv) = (s.key_heads, s.value_heads, s.key_dim, s.value_dim);
     check_heads(name, s, rows, NORMED_MAX_DK, NORMED_MAX_DV)?;
-    shape(name, conv_normed_takes(gpu, s, kernel, rows), || {
+    shape(name, conv_normed_takes(cx, s, kernel, rows), || {
         format!(
             "rows {rows} (at most {CONV_NORMED_MAX_ROWS}), kernel {kernel} (1 to \
                  {CONV_MAX_TAPS} taps), {kh} key heads (at most {})",
-            gpu.counter_count()
+            cx.counter_count()
         )
     })?;
     let width = 2 * kh * dk + vh * dv;
@@ -616,9 +617,9 @@ pub fn gdn_conv_normed_recurrence(
             )
         },
     )?;
-    let f = gpu.function("gdn.cu", name)?;
-    let counters = gpu.counters();
-    let mut out = gpu.output::<f32>(rows * vh * dv, name)?;
+    let f = cx.function("gdn.cu", name)?;
+    let counters = cx.counters();
+    let mut out = cx.output::<f32>(rows * vh * dv, name)?;
     let (r32, kh32, vh32, dk32, dv32) = (rows as i32, kh as i32, vh as i32, dk as i32, dv as i32);
     let (k32, sig) = (kernel as i32, sigmoid as i32);
     let cfg = LaunchConfig {
@@ -626,7 +627,7 @@ pub fn gdn_conv_normed_recurrence(
         block_dim: ((dv.div_ceil(NORMED_WARP_COLS) * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *out)
         .arg(&mut *window)
         .arg(&mut *state)

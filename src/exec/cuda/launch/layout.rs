@@ -8,7 +8,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::arg_matrix;
 use super::{grid_for, launched, shape, warp_grid, DeviceMatrix};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 use crate::exec::cuda::launcher::KernelLaunch;
 
@@ -25,7 +26,7 @@ fn reduce_threads(n: usize, cap: usize) -> u32 {
 
 /// `[rows, H]` → `[rows, streams*H]` (`ops::elementwise::repeat_streams`).
 pub fn repeat_streams(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
@@ -36,12 +37,12 @@ pub fn repeat_streams(
         rows > 0 && streams > 0 && !x.is_empty() && x.len().is_multiple_of(rows),
         || format!("x {} values, rows {rows}, streams {streams}", x.len()),
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let h = x.len() / rows;
     let n = x.len() * streams;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds n = rows*streams*h floats; x is read at t*h + c < rows*h.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -50,7 +51,7 @@ pub fn repeat_streams(
 
 /// Columns `[start, start+len)` of `x [rows, width]` (`ops::elementwise::slice_cols`).
 pub fn slice_cols(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     rows: usize,
     start: usize,
@@ -68,12 +69,12 @@ pub fn slice_cols(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let width = x.len() / rows;
     let n = rows * len;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let (w64, s64, l64, n64) = (width as i64, start as i64, len as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(&w64)
@@ -88,7 +89,7 @@ pub fn slice_cols(
 /// `[rows, streams*H]` → `[rows, H]`: the sum over streams divided by their count
 /// (`ops::elementwise::stream_mean`).
 pub fn gated_stream_mean(
-    gpu: &Gpu,
+    cx: &Launch,
     up: &CudaSlice<f32>,
     hn: &CudaSlice<f32>,
     rows: usize,
@@ -111,12 +112,12 @@ pub fn gated_stream_mean(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let h = up.len() / rows / streams;
     let n = rows * h;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(up).arg(hn).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds rows*h floats; up and hn are read below rows*streams*h == their length.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -124,7 +125,7 @@ pub fn gated_stream_mean(
 }
 
 pub fn stream_mean(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     rows: usize,
     streams: usize,
@@ -139,12 +140,12 @@ pub fn stream_mean(
             && (x.len() / rows).is_multiple_of(streams),
         || format!("x {} values, rows {rows}, streams {streams}", x.len()),
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let h = x.len() / rows / streams;
     let n = rows * h;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let (h64, s64, n64) = (h as i64, streams as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&h64).arg(&s64).arg(&n64);
     // SAFETY: y holds rows*h floats; x is read below rows*streams*h == x.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -154,7 +155,7 @@ pub fn stream_mean(
 /// Hyper-connection write: `h [rows, streams*H]` with stream `s` of each row gaining
 /// `inj[row, s] * y[row]`, `inj [rows, streams]`, `y [rows, H]` (`ops::elementwise::hc_write`).
 pub fn hc_write(
-    gpu: &Gpu,
+    cx: &Launch,
     h: &CudaSlice<f32>,
     inj: &CudaSlice<f32>,
     y: &CudaSlice<f32>,
@@ -180,12 +181,12 @@ pub fn hc_write(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let n = h.len();
     let width = hid * streams;
-    let mut out = gpu.output::<f32>(n, kernel)?;
+    let mut out = cx.output::<f32>(n, kernel)?;
     let (h64, s64, r64) = (hid as i64, streams as i64, rows as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *out)
         .arg(h)
         .arg(inj)
@@ -212,7 +213,7 @@ pub fn hc_write(
 }
 
 /// The last row of `x [rows, width]`, as `[1, width]` (a device-to-device copy; no kernel).
-pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, CudaError> {
+pub fn last_row(cx: &Launch, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, CudaError> {
     let kernel = "last_row";
     shape(
         kernel,
@@ -220,9 +221,9 @@ pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, 
         || format!("x {} values in {rows} rows", x.len()),
     )?;
     let width = x.len() / rows;
-    let mut y = gpu.output::<f32>(width, kernel)?;
-    gpu.note_kernel("cuMemcpyDtoD")?;
-    gpu.stream
+    let mut y = cx.output::<f32>(width, kernel)?;
+    cx.note_kernel("cuMemcpyDtoD")?;
+    cx.stream
         .memcpy_dtod(&x.slice((rows - 1) * width..), &mut *y)
         .map_err(|e| CudaError::driver("copying last_row", None, e))?;
     Ok(y)
@@ -232,7 +233,7 @@ pub fn last_row(gpu: &Gpu, x: &CudaSlice<f32>, rows: usize) -> Result<Buf<f32>, 
 /// channels, then `head_dim` gate channels) into `q` and `gate`, each `[rows, heads*head_dim]`
 /// (`ops::attention::split_q_gate`).
 pub fn split_q_gate(
-    gpu: &Gpu,
+    cx: &Launch,
     qg: &CudaSlice<f32>,
     rows: usize,
     heads: usize,
@@ -249,12 +250,12 @@ pub fn split_q_gate(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let n = rows * heads * head_dim;
-    let mut q = gpu.output::<f32>(n, kernel)?;
-    let mut gate = gpu.output::<f32>(n, kernel)?;
+    let mut q = cx.output::<f32>(n, kernel)?;
+    let mut gate = cx.output::<f32>(n, kernel)?;
     let (hd64, n64) = (head_dim as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *q).arg(&mut *gate).arg(qg).arg(&hd64).arg(&n64);
     // SAFETY: q and gate hold n floats; qg is read below (n/hd)*2*hd == qg.len().
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -279,7 +280,7 @@ fn block_grid(outputs: usize) -> LaunchConfig {
 /// rows, so that the rank x width matrix has enough loads in flight), else a warp per activation.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_mix(
-    gpu: &Gpu,
+    cx: &Launch,
     hn: &CudaSlice<f32>,
     down: &DeviceMatrix,
     up: &DeviceMatrix,
@@ -320,8 +321,8 @@ pub fn hc_mix(
         },
     )?;
     let hid = width / streams;
-    let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
-    let mut y = gpu.output::<f32>(rows * hid, kernel)?;
+    let mut act = cx.scratch::<f32>(rows * rank, act_kernel)?;
+    let mut y = cx.output::<f32>(rows * hid, kernel)?;
     let (r64, s64, w64, h64, k64) = (
         rows as i64,
         streams as i64,
@@ -329,8 +330,8 @@ pub fn hc_mix(
         hid as i64,
         rank as i64,
     );
-    let f = gpu.function(FILE, act_kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, act_kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *act).arg(hn);
     arg_matrix(&mut b, down);
     b.arg(&r64).arg(&s64).arg(&w64).arg(&k64);
@@ -344,8 +345,8 @@ pub fn hc_mix(
     };
     // SAFETY: hn is rows*width, down rank*width, act rows*rank, all checked above.
     launched(act_kernel, unsafe { b.launch(act_grid) })?;
-    let f = gpu.function(FILE, kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(hn).arg(&*act);
     arg_matrix(&mut b, up);
     b.arg(&r64).arg(&s64).arg(&h64).arg(&k64);
@@ -439,7 +440,7 @@ fn arg_out_or_null(b: &mut KernelLaunch<'_>, out: &mut Option<Buf<f32>>) {
 /// comes back.
 #[allow(clippy::too_many_arguments)]
 pub fn hc_read(
-    gpu: &Gpu,
+    cx: &Launch,
     h: &CudaSlice<f32>,
     norm: &CudaSlice<f32>,
     down: &DeviceMatrix,
@@ -499,7 +500,7 @@ pub fn hc_read(
     )?;
     if variant.by_stream {
         return hc_read_by_stream(
-            gpu,
+            cx,
             h,
             norm,
             [down, up],
@@ -510,11 +511,11 @@ pub fn hc_read(
             per_block,
         );
     }
-    let mut act = gpu.scratch::<f32>(rows * rank, act_kernel)?;
-    let mut inv = gpu.scratch::<f32>(rows * streams, act_kernel)?;
-    let mut x = gpu.output::<f32>(rows * hid, kernel)?;
+    let mut act = cx.scratch::<f32>(rows * rank, act_kernel)?;
+    let mut inv = cx.scratch::<f32>(rows * streams, act_kernel)?;
+    let mut x = cx.output::<f32>(rows * hid, kernel)?;
     let mut inj = match inject {
-        Some(_) => Some(gpu.output::<f32>(rows * streams, act_kernel)?),
+        Some(_) => Some(cx.output::<f32>(rows * streams, act_kernel)?),
         None => None,
     };
     let (s64, w64, r64, g64, h64, rows64, wl64) = (
@@ -526,8 +527,8 @@ pub fn hc_read(
         rows as i64,
         norm.len() as i64,
     );
-    let f = gpu.function(FILE, act_kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, act_kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *act);
     arg_out_or_null(&mut b, &mut inj);
     b.arg(&mut *inv).arg(h).arg(norm);
@@ -555,8 +556,8 @@ pub fn hc_read(
     // never touched then), block (0, t) the C inverse RMS of row t; 16-byte loads only where the
     // widths and addresses allow.
     launched(act_kernel, unsafe { b.launch(cfg) })?;
-    let f = gpu.function(FILE, kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *x).arg(h).arg(&*inv).arg(norm).arg(&*act);
     arg_matrix(&mut b, up);
     b.arg(&rows64).arg(&s64).arg(&h64).arg(&r64).arg(&wl64);
@@ -571,9 +572,9 @@ pub fn hc_read(
 /// a warp a channel, every channel covered): the lanes split evenly over the streams, `up` rows
 /// of whole 16-byte chunks from a 16-byte aligned matrix, a row's chunks within a lane's
 /// HC_GATE_CHUNKS. The kernel stops (trap) if it ever disagrees.
-fn gate_early(gpu: &Gpu, up: &DeviceMatrix, streams: usize, rank: usize) -> bool {
+fn gate_early(cx: &Launch, up: &DeviceMatrix, streams: usize, rank: usize) -> bool {
     gate_early_for(streams, rank, up.chunk_len())
-        && up.device_address(&gpu.stream).is_multiple_of(16)
+        && up.device_address(&cx.stream).is_multiple_of(16)
 }
 
 /// [`hc_read`] with blocks over one stream's slice of the row (`HcReadAct::by_stream`): the
@@ -582,7 +583,7 @@ fn gate_early(gpu: &Gpu, up: &DeviceMatrix, streams: usize, rank: usize) -> bool
 /// and, in block 0, the gains (with `inject`). Shapes were checked by the caller.
 #[allow(clippy::too_many_arguments)]
 fn hc_read_by_stream(
-    gpu: &Gpu,
+    cx: &Launch,
     h: &CudaSlice<f32>,
     norm: &CudaSlice<f32>,
     [down, up]: [&DeviceMatrix; 2],
@@ -598,11 +599,11 @@ fn hc_read_by_stream(
     })?;
     let gains = if inject.is_some() { streams } else { 0 };
     let outs = rank + gains;
-    let mut part = gpu.scratch::<f32>(rows * outs * streams, act_kernel)?;
-    let mut ssq = gpu.scratch::<f32>(rows * streams, act_kernel)?;
-    let mut x = gpu.output::<f32>(rows * hid, kernel)?;
+    let mut part = cx.scratch::<f32>(rows * outs * streams, act_kernel)?;
+    let mut ssq = cx.scratch::<f32>(rows * streams, act_kernel)?;
+    let mut x = cx.output::<f32>(rows * hid, kernel)?;
     let mut inj = match inject {
-        Some(_) => Some(gpu.output::<f32>(rows * streams, act_kernel)?),
+        Some(_) => Some(cx.output::<f32>(rows * streams, act_kernel)?),
         None => None,
     };
     let (s64, w64, r64, g64, h64, wl64) = (
@@ -613,8 +614,8 @@ fn hc_read_by_stream(
         hid as i64,
         norm.len() as i64,
     );
-    let f = gpu.function(FILE, act_kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, act_kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *part).arg(&mut *ssq).arg(h).arg(norm);
     arg_matrix(&mut b, down);
     arg_matrix_or_null(&mut b, inject);
@@ -635,13 +636,13 @@ fn hc_read_by_stream(
     launched(act_kernel, unsafe { b.launch(cfg) })?;
     // The gate's early form where it takes the shape (its own kernel: less code to fetch).
     let early_name = up.kernel("hc_read_gate_se");
-    let kernel = if gate_early(gpu, up, streams, rank) {
+    let kernel = if gate_early(cx, up, streams, rank) {
         early_name.as_str()
     } else {
         kernel
     };
-    let f = gpu.function(FILE, kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function(FILE, kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *x);
     arg_out_or_null(&mut b, &mut inj);
     b.arg(h).arg(&*part).arg(&*ssq).arg(norm);
@@ -670,7 +671,7 @@ fn hc_read_by_stream(
 /// `hn [rows, streams*H]`, `w [streams, streams*H]` → `[rows, streams]`. One warp per gain, or
 /// (`block`, up to `FEW_ROWS` rows) a block per gain.
 pub fn hc_inject(
-    gpu: &Gpu,
+    cx: &Launch,
     hn: &CudaSlice<f32>,
     w: &DeviceMatrix,
     rows: usize,
@@ -700,9 +701,9 @@ pub fn hc_inject(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let outputs = rows * streams;
-    let mut y = gpu.output::<f32>(outputs, kernel)?;
+    let mut y = cx.output::<f32>(outputs, kernel)?;
     let (r64, s64, w64) = (rows as i64, streams as i64, width as i64);
     shape(kernel, !block || rows <= FEW_ROWS, || {
         format!("{rows} rows: the block form takes at most {FEW_ROWS}")
@@ -712,7 +713,7 @@ pub fn hc_inject(
     } else {
         warp_grid(outputs)
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(hn);
     arg_matrix(&mut b, w);
     b.arg(&r64).arg(&s64).arg(&w64);
@@ -727,7 +728,7 @@ pub fn hc_inject(
 /// per output row (`swiglu_linear_block_*`).
 #[allow(clippy::too_many_arguments)]
 pub fn swiglu(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     wg: &DeviceMatrix,
     wu: &DeviceMatrix,
@@ -761,11 +762,11 @@ pub fn swiglu(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
-    let mut y = gpu.output::<f32>(rows * n, kernel)?;
+    let f = cx.function(FILE, kernel)?;
+    let mut y = cx.output::<f32>(rows * n, kernel)?;
     let (t64, k64, n64) = (rows as i64, k as i64, n as i64);
     let cfg = if one { block_grid(n) } else { warp_grid(n) };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     match (wg, wu) {
         (DeviceMatrix::F32(g), DeviceMatrix::F32(u)) => b.arg(g).arg(u),
@@ -777,7 +778,7 @@ pub fn swiglu(
     }
     b.arg(&k64).arg(&n64);
     // One token runs ahead of the node before it when x (the node's input) is ready.
-    let ready = gpu.take_ready_inputs().all(&[0]) as i32;
+    let ready = cx.take_ready_inputs().all(&[0]) as i32;
     if one {
         b.arg(&ready);
     }
@@ -791,7 +792,7 @@ pub fn swiglu(
 /// `w * rms(x) * act(gate)` with plain `w` (not `1 + w`); `act` is sigmoid when `sigmoid`, else
 /// silu. `w` has `head_dim` entries (shared by the heads) or one per channel.
 pub fn gated_rms_norm(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     gate: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
@@ -817,9 +818,9 @@ pub fn gated_rms_norm(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let groups = x.len() / head_dim;
-    let mut y = gpu.output::<f32>(x.len(), kernel)?;
+    let mut y = cx.output::<f32>(x.len(), kernel)?;
     let (g64, hd64, wl64, sig) = (
         groups as i64,
         head_dim as i64,
@@ -832,7 +833,7 @@ pub fn gated_rms_norm(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(gate)
@@ -852,7 +853,7 @@ pub fn gated_rms_norm(
 /// `sigmoid(ssqrt(<key_s, query_s> / sqrt(H))) * value`, with `key, query [rows, streams*H]`,
 /// `value [rows, H]` and `ssqrt(g) = sign(g) * sqrt(max(|g|, 1e-6))`. One block per (row, stream).
 pub fn ple_gate(
-    gpu: &Gpu,
+    cx: &Launch,
     key: &CudaSlice<f32>,
     query: &CudaSlice<f32>,
     value: &CudaSlice<f32>,
@@ -882,16 +883,16 @@ pub fn ple_gate(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
+    let f = cx.function(FILE, kernel)?;
     let groups = rows * streams;
-    let mut y = gpu.output::<f32>(key.len(), kernel)?;
+    let mut y = cx.output::<f32>(key.len(), kernel)?;
     let (r64, s64, h64) = (rows as i64, streams as i64, h as i64);
     let cfg = LaunchConfig {
         grid_dim: (groups.min(MAX_BLOCKS) as u32, 1, 1),
         block_dim: (reduce_threads(h, 256), 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(key)
         .arg(query)
@@ -907,7 +908,7 @@ pub fn ple_gate(
 /// `ops::linear::sigmoid_gated_add`: `a + sigmoid(x·wᵀ) * b` per row, `x [rows, h]`, `w [h]`,
 /// `a, b [rows, d]`. One block per row.
 pub fn sigmoid_gated_add(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
@@ -929,10 +930,10 @@ pub fn sigmoid_gated_add(
             )
         },
     )?;
-    let f = gpu.function(FILE, kernel)?;
-    let mut y = gpu.output::<f32>(rows * d, kernel)?;
+    let f = cx.function(FILE, kernel)?;
+    let mut y = cx.output::<f32>(rows * d, kernel)?;
     let (r64, h64, d64) = (rows as i64, h as i64, d as i64);
-    let mut bld = gpu.launch_builder(&f);
+    let mut bld = cx.launch_builder(&f);
     bld.arg(&mut *y)
         .arg(x)
         .arg(w)

@@ -6,7 +6,8 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{grid_for, launched, shape, warp_grid};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 use crate::exec::cuda::launcher::KernelLaunch;
 
@@ -148,11 +149,11 @@ impl OneToken {
 
     /// Whether the variant takes x [k] and w: [`OneToken::fits`], and for the streamed kernels,
     /// which load both in chunks with no scalar path, both 16-byte aligned.
-    pub fn takes(self, gpu: &Gpu, x: &CudaSlice<f32>, w: &DeviceMatrix) -> bool {
+    pub fn takes(self, cx: &Launch, x: &CudaSlice<f32>, w: &DeviceMatrix) -> bool {
         use cudarc::driver::DevicePtr as _;
         let aligned = || {
-            x.device_ptr(&gpu.stream).0.is_multiple_of(16)
-                && w.device_address(&gpu.stream).is_multiple_of(16)
+            x.device_ptr(&cx.stream).0.is_multiple_of(16)
+                && w.device_address(&cx.stream).is_multiple_of(16)
         };
         self.fits(x.len(), w.chunk_len()) && (self != OneToken::Streamed || aligned())
     }
@@ -232,7 +233,7 @@ impl OneToken {
 /// `y = x · Wᵀ` for `tokens` rows of `x [tokens, k]`, `W [n, k]`: one warp per output row, all
 /// tokens in the same warp (up to 8 a pass).
 pub fn linear_rows(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &DeviceMatrix,
     tokens: usize,
@@ -242,24 +243,24 @@ pub fn linear_rows(
     let kernel_name = w.kernel("linear_rows");
     let kernel = kernel_name.as_str();
     check_xw(kernel, x, w, tokens, k, n, tokens > 0)?;
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(tokens * n, kernel)?;
     let (t32, k64, n64) = (tokens as i32, k as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t32).arg(&k64).arg(&n64);
     // SAFETY: the shapes were checked above; 16-byte loads are used only when k allows and
     // cudarc's allocations are 256-byte aligned.
     launched(kernel, unsafe {
-        b.launch(OneToken::WarpPerRow.grid(n, gpu.multiprocessors))
+        b.launch(OneToken::WarpPerRow.grid(n, cx.multiprocessors))
     })?;
     Ok(y)
 }
 
 /// `y = x · Wᵀ` for one token, `x [k]`, `W [n, k]`, with the given variant.
 pub fn linear_one_token(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &DeviceMatrix,
     k: usize,
@@ -271,7 +272,7 @@ pub fn linear_one_token(
     variant.check(kernel)?;
     shape(
         kernel,
-        x.len() == k && w.len() == n * k && n > 0 && variant.takes(gpu, x, w),
+        x.len() == k && w.len() == n * k && n > 0 && variant.takes(cx, x, w),
         || {
             format!(
                 "x {} values for one token of {k}, weight {} values for {n}x{k} (streamed: rows of at most {} 16-byte chunks a lane, 16-byte aligned)",
@@ -281,10 +282,10 @@ pub fn linear_one_token(
             )
         },
     )?;
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let (t32, k64, n64) = (1i32, k as i64, n as i64);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     if variant == OneToken::WarpPerRow {
@@ -294,7 +295,7 @@ pub fn linear_one_token(
     // SAFETY: the shapes were checked above; 16-byte loads only where k and the addresses allow
     // (the streamed kernel: k a multiple of the chunk and both addresses, checked by `takes`).
     launched(kernel, unsafe {
-        b.launch(variant.grid(n, gpu.multiprocessors))
+        b.launch(variant.grid(n, cx.multiprocessors))
     })?;
     Ok(y)
 }
@@ -305,7 +306,7 @@ pub fn linear_one_token(
 /// residual values.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_hc_write(
-    gpu: &Gpu,
+    cx: &Launch,
     h: &CudaSlice<f32>,
     inj: &CudaSlice<f32>,
     x: &CudaSlice<f32>,
@@ -349,10 +350,10 @@ pub fn linear_hc_write(
             )
         },
     )?;
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(h.len(), kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(h.len(), kernel)?;
     let (t32, k64, n64, s32) = (tokens as i32, k as i64, n as i64, streams as i32);
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(h).arg(inj).arg(x);
     arg_matrix(&mut b, w);
     if !matches!(one_token, Some(OneToken::Group { .. })) {
@@ -365,7 +366,7 @@ pub fn linear_hc_write(
         b.launch(
             one_token
                 .unwrap_or(OneToken::WarpPerRow)
-                .grid(n, gpu.multiprocessors),
+                .grid(n, cx.multiprocessors),
         )
     })?;
     Ok(y)
@@ -373,7 +374,7 @@ pub fn linear_hc_write(
 
 /// `y = x · Wᵀ` for many tokens: shared-memory tiles of 64 tokens x 64 outputs.
 pub fn linear_tiled(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &DeviceMatrix,
     tokens: usize,
@@ -388,15 +389,15 @@ pub fn linear_tiled(
         n.div_ceil(64) < 1 << 31 && tokens.div_ceil(64) < 65_536,
         || format!("{tokens}x{n} is too large a grid"),
     )?;
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(tokens * n, kernel)?;
     let (t64, k64, n64) = (tokens as i64, k as i64, n as i64);
     let cfg = LaunchConfig {
         grid_dim: (n.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x);
     arg_matrix(&mut b, w);
     b.arg(&t64).arg(&k64).arg(&n64);
@@ -421,19 +422,19 @@ pub fn mma_k_splits(
 /// so that the result keeps f32 accuracy), in tiles of 64 tokens x 64 outputs: bf16 weights,
 /// `k` a multiple of 8 and 16-byte aligned buffers (an error otherwise).
 pub fn linear_mma(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &DeviceMatrix,
     tokens: usize,
     k: usize,
     n: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    linear_mma_with(gpu, x, w, tokens, k, n, MmaTile::T64)
+    linear_mma_with(cx, x, w, tokens, k, n, MmaTile::T64)
 }
 
 /// [`linear_mma`] in the given tile.
 pub fn linear_mma_with(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &DeviceMatrix,
     tokens: usize,
@@ -449,7 +450,7 @@ pub fn linear_mma_with(
             msg: "f32 weights: the tensor-core tiles take bf16".into(),
         });
     };
-    let aligned = x.device_ptr(&gpu.stream).0 % 16 == 0 && bits.device_ptr(&gpu.stream).0 % 16 == 0;
+    let aligned = x.device_ptr(&cx.stream).0 % 16 == 0 && bits.device_ptr(&cx.stream).0 % 16 == 0;
     shape(kernel, k.is_multiple_of(8) && aligned, || {
         format!("k {k} not a multiple of 8, or x or W not 16-byte aligned")
     })?;
@@ -459,11 +460,11 @@ pub fn linear_mma_with(
         tokens.div_ceil(bm) < 1 << 31 && n.div_ceil(bn) < 65_536,
         || format!("{tokens}x{n} is too large a grid"),
     )?;
-    let splits = tile.k_splits(gpu.multiprocessors, tokens, k, n);
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(tokens * n, kernel)?;
+    let splits = tile.k_splits(cx.multiprocessors, tokens, k, n);
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(tokens * n, kernel)?;
     let mut parts = if splits > 1 {
-        Some(gpu.scratch::<f32>(splits * tokens * n, "split-k partial products")?)
+        Some(cx.scratch::<f32>(splits * tokens * n, "split-k partial products")?)
     } else {
         None
     };
@@ -477,7 +478,7 @@ pub fn linear_mma_with(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     match parts.as_mut() {
         Some(p) => b.arg(&mut **p),
         None => b.arg(&mut *y),
@@ -491,9 +492,9 @@ pub fn linear_mma_with(
     launched(kernel, unsafe { b.launch(cfg) })?;
     if let Some(parts) = parts {
         let sum = crate::registry::cuda::linear::SPLIT_SUM;
-        let f = gpu.function("linear.cu", sum)?;
+        let f = cx.function("linear.cu", sum)?;
         let (count, s32) = ((tokens * n) as i64, splits as i32);
-        let mut b = gpu.launch_builder(&f);
+        let mut b = cx.launch_builder(&f);
         b.arg(&mut *y).arg(&*parts).arg(&count).arg(&s32);
         // SAFETY: parts holds splits x T*n values, all written by the launch above; y T*n.
         launched(sum, unsafe { b.launch(grid_for(tokens * n, 256)) })?;
@@ -517,8 +518,8 @@ pub enum GroupKernel {
 impl GroupKernel {
     /// Whether the kernel takes x and every part: by blocks any; streamed where
     /// [`OneToken::Streamed`] takes each part.
-    pub fn takes(self, gpu: &Gpu, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> bool {
-        self != GroupKernel::Streamed || ws.iter().all(|w| OneToken::Streamed.takes(gpu, x, w))
+    pub fn takes(self, cx: &Launch, x: &CudaSlice<f32>, ws: &[&DeviceMatrix]) -> bool {
+        self != GroupKernel::Streamed || ws.iter().all(|w| OneToken::Streamed.takes(cx, x, w))
     }
 
     /// The kernel a rule names (`rows`, `parts1`, `parts1_stream`).
@@ -535,7 +536,7 @@ impl GroupKernel {
 /// Sibling linear layers over one input (`Op::LinearGroup`): `x [tokens, k]`, `W_p [n_p, k]`
 /// → `x·W_pᵀ`, in part order, by `how`.
 pub fn linear_group(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     ws: &[&DeviceMatrix],
     tokens: usize,
@@ -550,7 +551,7 @@ pub fn linear_group(
         return ws
             .iter()
             .zip(&ns)
-            .map(|(w, &n)| linear_rows(gpu, x, w, tokens, k, n))
+            .map(|(w, &n)| linear_rows(cx, x, w, tokens, k, n))
             .collect();
     }
     let first = ws.first().copied();
@@ -565,7 +566,7 @@ pub fn linear_group(
         kernel,
         tokens == 1
             && (1..=MAX_PARTS).contains(&ws.len())
-            && how.takes(gpu, x, ws)
+            && how.takes(cx, x, ws)
             && same_dtype
             && k > 0
             && x.len() == k
@@ -583,12 +584,12 @@ pub fn linear_group(
     shape(kernel, blocks <= 65_535 * 8, || {
         format!("{blocks} blocks is too large a grid")
     })?;
-    let f = gpu.function("linear.cu", kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
     let mut ys = Vec::with_capacity(ws.len());
     for &n in &ns {
-        ys.push(gpu.output::<f32>(n, kernel)?);
+        ys.push(cx.output::<f32>(n, kernel)?);
     }
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     // Absent parts repeat part 0's pointers with no rows (never read or written).
     let last = ys.len() - 1;
     for p in 0..MAX_PARTS {
@@ -612,7 +613,7 @@ pub fn linear_group(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         },
-        GroupKernel::Streamed => OneToken::Streamed.grid(ns.iter().sum(), gpu.multiprocessors),
+        GroupKernel::Streamed => OneToken::Streamed.grid(ns.iter().sum(), cx.multiprocessors),
     };
     // SAFETY: every part's shape was checked above; the kernel gives part p ceil(n_p / 2)
     // blocks (or streams the parts' rows end to end, each once) and writes its n_p outputs;
@@ -626,7 +627,7 @@ pub fn linear_group(
 /// `wg [H]`; a warp per output row of Wd, a grid row per token.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_shared_write(
-    gpu: &Gpu,
+    cx: &Launch,
     h: &CudaSlice<f32>,
     inj: &CudaSlice<f32>,
     x: &CudaSlice<f32>,
@@ -668,13 +669,13 @@ pub fn moe_shared_write(
             )
         },
     )?;
-    let f = gpu.function("linear.cu", kernel)?;
-    let mut y = gpu.output::<f32>(h.len(), kernel)?;
+    let f = cx.function("linear.cu", kernel)?;
+    let mut y = cx.output::<f32>(h.len(), kernel)?;
     let (h64, i64_, s32) = (hid as i64, inter as i64, streams as i32);
     // The kernel runs ahead of the node before it (the routed experts, whose output `a` it
     // reads after its wait) when x and s (the node's inputs 2 and 3) are ready.
-    let ready = gpu.take_ready_inputs().all(&[2, 3]) as i32;
-    let mut b = gpu.launch_builder(&f);
+    let ready = cx.take_ready_inputs().all(&[2, 3]) as i32;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(h).arg(inj).arg(x).arg(s).arg(a);
     arg_matrix(&mut b, wd);
     b.arg(wg).arg(&h64).arg(&i64_).arg(&s32).arg(&ready);

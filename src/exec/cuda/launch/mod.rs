@@ -3,7 +3,8 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::device::{Buf, Gpu};
+use super::context::Launch;
+use super::device::Buf;
 use super::error::CudaError;
 
 pub mod attention;
@@ -54,13 +55,13 @@ fn launched(kernel: &str, r: Result<(), cudarc::driver::DriverError>) -> Result<
 }
 
 /// Elementwise ops with one input: `silu`, `sigmoid`.
-pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
+pub fn unary(cx: &Launch, op: &str, x: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
     let kernel = format!("{op}_reference_f32");
-    let f = gpu.function("elementwise.cu", &kernel)?;
+    let f = cx.function("elementwise.cu", &kernel)?;
     let n = x.len();
-    let mut y = gpu.output::<f32>(n, &kernel)?;
+    let mut y = cx.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&n64);
     // SAFETY: the kernel reads n floats of x and writes n floats of y, both n long.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -68,29 +69,29 @@ pub fn unary(gpu: &Gpu, op: &str, x: &CudaSlice<f32>) -> Result<Buf<f32>, CudaEr
 }
 
 /// `div_by` or `mul_by` a scalar.
-pub fn scalar(gpu: &Gpu, op: &str, x: &CudaSlice<f32>, by: f32) -> Result<Buf<f32>, CudaError> {
+pub fn scalar(cx: &Launch, op: &str, x: &CudaSlice<f32>, by: f32) -> Result<Buf<f32>, CudaError> {
     let kernel = format!("{op}_reference_f32");
-    let f = gpu.function("elementwise.cu", &kernel)?;
+    let f = cx.function("elementwise.cu", &kernel)?;
     let n = x.len();
-    let mut y = gpu.output::<f32>(n, &kernel)?;
+    let mut y = cx.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(x).arg(&by).arg(&n64);
     // SAFETY: as `unary`.
     launched(&kernel, unsafe { b.launch(grid_for(n, 256)) })?;
     Ok(y)
 }
 
-pub fn add(gpu: &Gpu, a: &CudaSlice<f32>, b_in: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
+pub fn add(cx: &Launch, a: &CudaSlice<f32>, b_in: &CudaSlice<f32>) -> Result<Buf<f32>, CudaError> {
     let kernel = "add_reference_f32";
     shape(kernel, a.len() == b_in.len(), || {
         format!("lengths {} and {}", a.len(), b_in.len())
     })?;
-    let f = gpu.function("elementwise.cu", kernel)?;
+    let f = cx.function("elementwise.cu", kernel)?;
     let n = a.len();
-    let mut y = gpu.output::<f32>(n, kernel)?;
+    let mut y = cx.output::<f32>(n, kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(a).arg(b_in).arg(&n64);
     // SAFETY: all three buffers hold n floats.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })?;
@@ -99,28 +100,28 @@ pub fn add(gpu: &Gpu, a: &CudaSlice<f32>, b_in: &CudaSlice<f32>) -> Result<Buf<f
 
 /// `a * b` with `a [rows, width]` and `b [rows, width]` or `[rows, 1]`.
 pub fn mul(
-    gpu: &Gpu,
+    cx: &Launch,
     a: &CudaSlice<f32>,
     b_in: &CudaSlice<f32>,
     rows: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    scaled_by(gpu, "mul", a, b_in, rows)
+    scaled_by(cx, "mul", a, b_in, rows)
 }
 
 /// `x * sigmoid(gate)` (`Op::SigmoidMul`), `gate` shaped as `mul`'s `b`.
 pub fn sigmoid_mul(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     gate: &CudaSlice<f32>,
     rows: usize,
 ) -> Result<Buf<f32>, CudaError> {
-    scaled_by(gpu, "sigmoid_mul", x, gate, rows)
+    scaled_by(cx, "sigmoid_mul", x, gate, rows)
 }
 
 /// `<op>_reference_f32(y, a, b, width, b_width, n)`: `a [rows, width]` scaled elementwise by a
 /// function of `b [rows, width]` or `[rows, 1]`.
 fn scaled_by(
-    gpu: &Gpu,
+    cx: &Launch,
     op: &str,
     a: &CudaSlice<f32>,
     b_in: &CudaSlice<f32>,
@@ -132,13 +133,13 @@ fn scaled_by(
         rows > 0 && a.len().is_multiple_of(rows) && (b_in.len() == a.len() || b_in.len() == rows),
         || format!("a has {} values, b {}, rows {rows}", a.len(), b_in.len()),
     )?;
-    let f = gpu.function("elementwise.cu", &kernel)?;
+    let f = cx.function("elementwise.cu", &kernel)?;
     let n = a.len();
     let width = (n / rows) as i64;
     let b_width = (b_in.len() / rows) as i64;
-    let mut y = gpu.output::<f32>(n, &kernel)?;
+    let mut y = cx.output::<f32>(n, &kernel)?;
     let n64 = n as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(a)
         .arg(b_in)
@@ -152,7 +153,7 @@ fn scaled_by(
 
 /// Grouped RMS norm (`ops::norm::rms_norm`).
 pub fn rms_norm(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     group: usize,
@@ -168,9 +169,9 @@ pub fn rms_norm(
             && (w.len() == group || x.len().is_multiple_of(w.len())),
         || format!("x {} values, group {group}, weight {}", x.len(), w.len()),
     )?;
-    let f = gpu.function("norm.cu", kernel)?;
+    let f = cx.function("norm.cu", kernel)?;
     let groups = (x.len() / group) as i64;
-    let mut y = gpu.output::<f32>(x.len(), kernel)?;
+    let mut y = cx.output::<f32>(x.len(), kernel)?;
     let (g32, wl, uo) = (group as i32, w.len() as i32, unit_offset as i32);
     // About two float4s a thread (the kernel keeps up to four in registers): fewer, fuller
     // warps make the block's reduction shorter than one thread per channel would.
@@ -180,7 +181,7 @@ pub fn rms_norm(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(x)
         .arg(w)
@@ -196,7 +197,7 @@ pub fn rms_norm(
 
 /// Fills `out` with uniform values in `[lo, hi)` derived from `(seed, index)`.
 pub fn fill_uniform(
-    gpu: &Gpu,
+    cx: &Launch,
     out: &mut DeviceMatrix,
     seed: u64,
     lo: f32,
@@ -207,14 +208,14 @@ pub fn fill_uniform(
     let (kernel, f) = match out {
         DeviceMatrix::F32(_) => (
             "fill_uniform_f32",
-            gpu.function("random.cu", "fill_uniform_f32")?,
+            cx.function("random.cu", "fill_uniform_f32")?,
         ),
         DeviceMatrix::Bf16(_) => (
             "fill_uniform_bf16",
-            gpu.function("random.cu", "fill_uniform_bf16")?,
+            cx.function("random.cu", "fill_uniform_bf16")?,
         ),
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     arg_matrix(&mut b, out);
     b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
     // SAFETY: the kernel writes exactly n elements of `out`.
@@ -225,10 +226,10 @@ pub fn fill_uniform(
 /// queues a whole step behind it, so that its events time kernels and not the host's launches.
 /// A kernel that only waits (`trace_end` in kernels/timing.cu): with the step timeline on
 /// (`exec::cuda::trace`), its release marks the end of the kernel before it.
-pub fn trace_end(gpu: &Gpu) -> Result<(), CudaError> {
+pub fn trace_end(cx: &Launch) -> Result<(), CudaError> {
     let kernel = "trace_end";
-    let f = gpu.function("timing.cu", kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("timing.cu", kernel)?;
+    let mut b = cx.launch_builder(&f);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (32, 1, 1),
@@ -242,7 +243,7 @@ pub fn trace_end(gpu: &Gpu) -> Result<(), CudaError> {
 /// benchmark's read ceiling), a grid of `blocks_per_sm` blocks of 256 threads a multiprocessor.
 /// `out`: one word the kernel may write.
 pub fn read_bytes(
-    gpu: &Gpu,
+    cx: &Launch,
     out: &mut CudaSlice<u32>,
     m: &DeviceMatrix,
     blocks_per_sm: usize,
@@ -251,19 +252,19 @@ pub fn read_bytes(
     let bytes = m.bytes();
     shape(
         kernel,
-        m.device_address(&gpu.stream).is_multiple_of(16)
+        m.device_address(&cx.stream).is_multiple_of(16)
             && bytes.is_multiple_of(16)
             && !out.is_empty(),
         || format!("{bytes} bytes, not whole aligned 16-byte words, or no output word"),
     )?;
-    let f = gpu.function("timing.cu", kernel)?;
+    let f = cx.function("timing.cu", kernel)?;
     let chunks = (bytes / 16) as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(out);
     linear::arg_matrix(&mut b, m);
     b.arg(&chunks);
     let cfg = LaunchConfig {
-        grid_dim: ((gpu.multiprocessors * blocks_per_sm.max(1)) as u32, 1, 1),
+        grid_dim: ((cx.multiprocessors * blocks_per_sm.max(1)) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -272,10 +273,10 @@ pub fn read_bytes(
     launched(kernel, unsafe { b.launch(cfg) })
 }
 
-pub fn hold_gpu(gpu: &Gpu, ns: i64) -> Result<(), CudaError> {
+pub fn hold_gpu(cx: &Launch, ns: i64) -> Result<(), CudaError> {
     let kernel = "hold_gpu";
-    let f = gpu.function("timing.cu", kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("timing.cu", kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&ns);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),

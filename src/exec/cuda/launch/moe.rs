@@ -8,7 +8,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use super::arg_matrix;
 use super::embed::NgramHash;
 use super::{grid_for, launched, shape, DeviceMatrix};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 
 pub use crate::registry::cuda::moe::ROUTER_MAX_TOPK;
@@ -65,7 +66,7 @@ impl RouterKernel {
 /// [`moe_router`] by the kernel `form` (the tests run both; the narrow one refuses more than
 /// `ROUTER_THREADS` experts).
 pub fn moe_router(
-    gpu: &Gpu,
+    cx: &Launch,
     logits: &CudaSlice<f32>,
     rows: usize,
     experts: usize,
@@ -95,9 +96,9 @@ pub fn moe_router(
         top_k > 0 && top_k <= experts && top_k <= ROUTER_MAX_TOPK,
         || format!("top {top_k} of {experts} experts (at most {ROUTER_MAX_TOPK})"),
     )?;
-    let f = gpu.function("moe.cu", kernel)?;
-    let mut ids = gpu.output::<i64>(rows * top_k, "router ids")?;
-    let mut weights = gpu.output::<f32>(rows * top_k, "router weights")?;
+    let f = cx.function("moe.cu", kernel)?;
+    let mut ids = cx.output::<i64>(rows * top_k, "router ids")?;
+    let mut weights = cx.output::<f32>(rows * top_k, "router weights")?;
     let (r64, e32, k32, n32) = (rows as i64, experts as i32, top_k as i32, normalize as i32);
     let cfg = LaunchConfig {
         grid_dim: (rows.min(65_535 * 8) as u32, 1, 1),
@@ -108,7 +109,7 @@ pub fn moe_router(
         ),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *ids)
         .arg(&mut *weights)
         .arg(logits)
@@ -206,7 +207,7 @@ fn expert_shapes(
 /// `moe_experts_down_*` (a block per output row). Both give the same bits.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts_with_down(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,
     w: &CudaSlice<f32>,
@@ -256,8 +257,8 @@ pub fn moe_experts_with_down(
         intermediate as i64,
         experts as i64,
     );
-    let f = gpu.function("moe.cu", gu_kernel)?;
-    let mut act = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
+    let f = cx.function("moe.cu", gu_kernel)?;
+    let mut act = cx.scratch::<f32>(slots * intermediate, "expert activations")?;
     let cfg = LaunchConfig {
         grid_dim: (
             (slots * intermediate)
@@ -271,8 +272,8 @@ pub fn moe_experts_with_down(
     };
     // The kernel runs ahead of the node before it when x, the ids and their weights (the node's
     // inputs 0-2) are ready.
-    let ready = gpu.take_ready_inputs().all(&[0, 1, 2]) as i32;
-    let mut b = gpu.launch_builder(&f);
+    let ready = cx.take_ready_inputs().all(&[0, 1, 2]) as i32;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *act).arg(x).arg(ids);
     arg_matrix(&mut b, gate_up);
     b.arg(&s64)
@@ -287,7 +288,7 @@ pub fn moe_experts_with_down(
     launched(gu_kernel, unsafe { b.launch(cfg) })?;
 
     launch_down(
-        gpu,
+        cx,
         by_rows,
         &act,
         ids,
@@ -305,7 +306,7 @@ const DOWN_ROWS_THREADS: u32 = 256;
 /// allows: [`down_rows_fits`]), else `moe_experts_down_*` (a block per output row); both give
 /// the same bits.
 fn launch_down(
-    gpu: &Gpu,
+    cx: &Launch,
     by_rows: bool,
     act: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,
@@ -328,8 +329,8 @@ fn launch_down(
         intermediate as i64,
         experts as i64,
     );
-    let f = gpu.function("moe.cu", kernel)?;
-    let mut y = gpu.output::<f32>(rows * hidden, kernel)?;
+    let f = cx.function("moe.cu", kernel)?;
+    let mut y = cx.output::<f32>(rows * hidden, kernel)?;
     let chunk = down.chunk_len();
     let lanes = down_lanes(intermediate, chunk) as i32;
     let cfg = if by_rows {
@@ -349,7 +350,7 @@ fn launch_down(
             shared_mem_bytes: (top_k * 4) as u32,
         }
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y).arg(act).arg(ids).arg(w);
     arg_matrix(&mut b, down);
     if by_rows {
@@ -394,7 +395,7 @@ const EM_GROUP_THREADS: u32 = 1024;
 /// the shapes (a tile table sized for the worst case; blocks past the last tile return at once).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts_expert_major(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,
     w: &CudaSlice<f32>,
@@ -450,15 +451,15 @@ pub fn moe_experts_expert_major(
         max_tiles as i64,
     );
 
-    let mut order = gpu.scratch::<i32>(slots, "expert-major slot order")?;
-    let mut tiles = gpu.scratch::<i32>(3 * max_tiles, "expert-major tiles")?;
-    let f = gpu.function("moe.cu", group_kernel)?;
+    let mut order = cx.scratch::<i32>(slots, "expert-major slot order")?;
+    let mut tiles = cx.scratch::<i32>(3 * max_tiles, "expert-major tiles")?;
+    let f = cx.function("moe.cu", group_kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (EM_GROUP_THREADS, 1, 1),
         shared_mem_bytes: group_shared as u32,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *order)
         .arg(&mut *tiles)
         .arg(ids)
@@ -471,11 +472,11 @@ pub fn moe_experts_expert_major(
     // holds 3*experts ints.
     launched(group_kernel, unsafe { b.launch(cfg) })?;
 
-    let mut out = gpu.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
+    let mut out = cx.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
     if tensor_cores {
         shape(
             "moe_experts_expert_major_gate_up_mma_bf16",
-            expert_major_on_tensor_cores(gpu, x, gate_up, down, hidden, intermediate),
+            expert_major_on_tensor_cores(cx, x, gate_up, down, hidden, intermediate),
             || {
                 format!("hidden {hidden}, intermediate {intermediate}: the tensor-core tiles take bf16 experts, sizes multiples of 8 and 16-byte aligned rows")
             },
@@ -499,7 +500,7 @@ pub fn moe_experts_expert_major(
         }
     };
     expert_major_products(
-        gpu,
+        cx,
         &mut out,
         x,
         &order,
@@ -510,9 +511,9 @@ pub fn moe_experts_expert_major(
         kernels,
     )?;
 
-    let f = gpu.function("moe.cu", combine_kernel)?;
-    let mut y = gpu.output::<f32>(rows * hidden, combine_kernel)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("moe.cu", combine_kernel)?;
+    let mut y = cx.output::<f32>(rows * hidden, combine_kernel)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(&*out)
         .arg(ids)
@@ -533,7 +534,7 @@ pub fn moe_experts_expert_major(
 /// kernels/moe.cu): bf16 weights, hidden and intermediate sizes multiples of 8, 16-byte aligned
 /// rows. Otherwise the SIMT tiles serve (f32 weights, odd sizes).
 pub fn expert_major_on_tensor_cores(
-    gpu: &Gpu,
+    cx: &Launch,
     x: &CudaSlice<f32>,
     gate_up: &DeviceMatrix,
     down: &DeviceMatrix,
@@ -547,9 +548,9 @@ pub fn expert_major_on_tensor_cores(
     // Rows of a multiple of 8 values keep every row (of x, of an expert's matrices, of the
     // kernels' scratch) 16-byte aligned when the buffers start so.
     let aligned = [
-        x.device_ptr(&gpu.stream).0,
-        g.device_ptr(&gpu.stream).0,
-        d.device_ptr(&gpu.stream).0,
+        x.device_ptr(&cx.stream).0,
+        g.device_ptr(&cx.stream).0,
+        d.device_ptr(&cx.stream).0,
     ]
     .iter()
     .all(|p| p % 16 == 0);
@@ -574,7 +575,7 @@ struct ExpertMajorKernels<'a> {
 /// slot order and tile table. `dims`: max tiles, slots, top-k, hidden, intermediate.
 #[allow(clippy::too_many_arguments)]
 fn expert_major_products(
-    gpu: &Gpu,
+    cx: &Launch,
     out: &mut CudaSlice<f32>,
     x: &CudaSlice<f32>,
     order: &CudaSlice<i32>,
@@ -586,14 +587,14 @@ fn expert_major_products(
 ) -> Result<(), CudaError> {
     let [max_tiles, slots, top_k, hidden, intermediate] = dims;
     let (k32, h64, int64) = (top_k as i32, hidden as i64, intermediate as i64);
-    let mut between = gpu.scratch::<f32>(slots * intermediate, "expert activations")?;
+    let mut between = cx.scratch::<f32>(slots * intermediate, "expert activations")?;
     let grid = |blocks: usize| LaunchConfig {
         grid_dim: (max_tiles as u32, blocks as u32, 1),
         block_dim: (k.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let f = gpu.function("moe.cu", k.gate_up)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("moe.cu", k.gate_up)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *between).arg(x).arg(order).arg(tiles);
     arg_matrix(&mut b, gate_up);
     b.arg(&k32).arg(&h64).arg(&int64);
@@ -605,8 +606,8 @@ fn expert_major_products(
         b.launch(grid(intermediate.div_ceil(k.channels)))
     })?;
 
-    let f = gpu.function("moe.cu", k.down)?;
-    let mut b = gpu.launch_builder(&f);
+    let f = cx.function("moe.cu", k.down)?;
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *out).arg(&*between).arg(order).arg(tiles);
     arg_matrix(&mut b, down);
     b.arg(&h64).arg(&int64);
@@ -621,7 +622,7 @@ fn expert_major_products(
 /// with `history [ngram-1]` (the previous ids; eos at the start of a sequence) replaced in place
 /// by the last `ngram-1` ids of history ++ tokens.
 pub fn ple_ngram_ids(
-    gpu: &Gpu,
+    cx: &Launch,
     tokens: &CudaSlice<i64>,
     history: &mut CudaSlice<i64>,
     hash: &NgramHash<'_>,
@@ -629,8 +630,8 @@ pub fn ple_ngram_ids(
     let kernel = "ple_ngram_ids_reference_i64";
     let heads = hash.check(kernel, tokens, history)?;
     let rows = tokens.len();
-    let f = gpu.function("moe.cu", kernel)?;
-    let mut ids = gpu.output::<i64>(rows * heads, "n-gram ids")?;
+    let f = cx.function("moe.cu", kernel)?;
+    let mut ids = cx.output::<i64>(rows * heads, "n-gram ids")?;
     let (r64, n32, h32) = (rows as i64, hash.ngram as i32, hash.heads_per_ngram as i32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
@@ -639,7 +640,7 @@ pub fn ple_ngram_ids(
         // The old history in static shared memory (NGRAM_MAX_CTX, kernels/ngram.cuh).
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *ids)
         .arg(history)
         .arg(tokens)

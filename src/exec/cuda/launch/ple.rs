@@ -4,7 +4,8 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{launched, shape};
-use crate::exec::cuda::device::{Buf, Gpu};
+use crate::exec::cuda::context::Launch;
+use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 
 const FILE: &str = "ple.cu";
@@ -113,7 +114,7 @@ fn checked_hid(
 /// channels) over the rows in order (the conv of a row reads the rows before it).
 #[allow(clippy::too_many_arguments)]
 pub fn ple_mix(
-    gpu: &Gpu,
+    cx: &Launch,
     key_proj: &CudaSlice<f32>,
     h: &CudaSlice<f32>,
     value: &CudaSlice<f32>,
@@ -128,8 +129,8 @@ pub fn ple_mix(
     let name = "ple_mix_f32";
     let norms = [norm_key, norm_query, norm_conv];
     let hid = checked_hid(name, key_proj, h, value, norms, conv_w, window, s)?;
-    let f = gpu.function(FILE, name)?;
-    let mut y = gpu.output::<f32>(h.len(), name)?;
+    let f = cx.function(FILE, name)?;
+    let mut y = cx.output::<f32>(h.len(), name)?;
     let (r64, s64, h64) = (s.rows as i64, s.streams as i64, hid as i64);
     let [nk64, nq64, nc64] = norms.map(|w| w.len() as i64);
     let (k32, d32) = (s.kernel as i32, s.dilation as i32);
@@ -141,7 +142,7 @@ pub fn ple_mix(
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
         .arg(&mut *window)
         .arg(key_proj)

@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 
 use super::{launched, shape};
-use crate::exec::cuda::device::Gpu;
+use crate::exec::cuda::context::Launch;
 use crate::exec::cuda::error::CudaError;
 use crate::runtime::sampling::BadLogit;
 
@@ -16,7 +16,7 @@ const THREADS: u32 = 256;
 /// `runtime::sampling::argmax`), or of its first NaN; [`argmax_of`] reads the choice from it.
 /// `best` is zeroed first, on the stream.
 pub fn argmax_row(
-    gpu: &Gpu,
+    cx: &Launch,
     best: &mut CudaSlice<u64>,
     x: &CudaView<'_, f32>,
 ) -> Result<(), CudaError> {
@@ -32,13 +32,13 @@ pub fn argmax_row(
             )
         },
     )?;
-    gpu.stream
+    cx.stream
         .memset_zeros(best)
         .map_err(|e| CudaError::driver("zeroing the argmax key", None, e))?;
-    let f = gpu.function("sampling.cu", NAME)?;
+    let f = cx.function("sampling.cu", NAME)?;
     let blocks = n.div_ceil(THREADS as usize * PER_THREAD).min(65_535) as u32;
     let n64 = n as i64;
-    let mut b = gpu.launch_builder(&f);
+    let mut b = cx.launch_builder(&f);
     b.arg(&mut *best).arg(x).arg(&n64);
     // SAFETY: the kernel reads n floats of x and updates the one key of `best`.
     launched(NAME, unsafe {
