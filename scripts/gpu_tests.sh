@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
-TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_e2e)
+TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_parity gpu_e2e)
 
 case "${1:-}" in
 build)

@@ -106,7 +106,14 @@ pub fn record_step(
 ) -> Result<Vec<NodeRecord>, ExecError> {
     let mut records = Vec::new();
     let mut observe = |r: &Observed| records.push(r.to_owned());
-    run_observed(program, weights, state, tokens, &[], Some((want, &mut observe)))?;
+    run_observed(
+        program,
+        weights,
+        state,
+        tokens,
+        &[],
+        Some((want, &mut observe)),
+    )?;
     Ok(records)
 }
 

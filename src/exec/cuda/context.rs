@@ -167,9 +167,13 @@ impl<'g> Launch<'g> {
         let Some(e) = &self.expected else {
             return Ok(());
         };
-        match e.named.iter().position(|k| k == kernel) {
+        // A kernel named n times (a group's parts) must be launched n times.
+        let mut used = e.used.borrow_mut();
+        let named = |i: &usize| e.named[*i] == kernel;
+        let first_unused = (0..e.named.len()).filter(named).find(|&i| !used[i]);
+        match first_unused.or_else(|| (0..e.named.len()).find(named)) {
             Some(i) => {
-                e.used.borrow_mut()[i] = true;
+                used[i] = true;
                 Ok(())
             }
             None => Err(CudaError::Unnamed {

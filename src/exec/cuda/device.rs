@@ -196,6 +196,12 @@ impl Gpu {
         })
     }
 
+    /// What the rules and kernels see of this device (`registry::DeviceFacts`).
+    pub fn facts(&self) -> crate::registry::DeviceFacts {
+        let (major, minor) = self.info.compute_capability;
+        crate::registry::DeviceFacts::cuda((major * 10 + minor).max(0) as u32, self.multiprocessors)
+    }
+
     /// Kernel `name` of `kernels/<file>`, compiling and loading the file on first use. Launchers
     /// ask through their [`Launch`](super::context::Launch), which checks the node names it.
     pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction, CudaError> {

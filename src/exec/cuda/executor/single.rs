@@ -58,7 +58,11 @@ pub fn run_node(
     let cx = Launch::for_node(gpu, &node.name, &node.kernels);
     let out = nodes::launch(&cx, &args, &mut bufs)?;
     cx.finish()?;
-    gpu.sync(&format!("node `{}` ({})", node.name, node.kernels.join(", ")))?;
+    gpu.sync(&format!(
+        "node `{}` ({})",
+        node.name,
+        node.kernels.join(", ")
+    ))?;
     let outputs = node
         .outputs
         .iter()
@@ -79,7 +83,9 @@ fn upload_value(gpu: &Gpu, v: &Val, shape: &ValueShape) -> Result<DVal, CudaErro
         Val::I64 { data, .. } => DVal::I64(Buf::owned(gpu.upload(data, "an input")?)),
         Val::Sel(rows) => {
             let keep = (shape.bytes / 4 / shape.rows.max(1)).saturating_sub(2);
-            DVal::Sel(Buf::owned(gpu.upload(&encode_selection(rows, keep), "a selection")?))
+            DVal::Sel(Buf::owned(
+                gpu.upload(&encode_selection(rows, keep), "a selection")?,
+            ))
         }
     })
 }
@@ -132,7 +138,10 @@ fn decode_row(r: &[i32]) -> RowSel {
     } else {
         RowSel::Sparse {
             visible,
-            blocks: r[2..2 + r[1] as usize].iter().map(|&b| b as usize).collect(),
+            blocks: r[2..2 + r[1] as usize]
+                .iter()
+                .map(|&b| b as usize)
+                .collect(),
             block: 0,
         }
     }
