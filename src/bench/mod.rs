@@ -15,11 +15,15 @@ use serde::Serialize;
 pub mod linear_sweep;
 
 use crate::error::{Error, Result};
+use crate::exec::cuda::executor::CudaExecutor;
 use crate::exec::cuda::launch::DeviceMatrix;
 use crate::exec::cuda::Gpu;
 use crate::ir::{LogitsMode, Node, Op, Phase, Program, StateKind};
 use crate::plan::ModelPlan;
-use crate::runtime::{Model, ModelOptions};
+use crate::runtime::{Model, ModelOptions, Session};
+
+/// A sequence on the CUDA executor, whose instrumentation the bench sets and reads.
+type CudaSession<'m> = Session<'m, CudaExecutor<'m>>;
 
 pub struct BenchOptions {
     /// Also time every one-token linear variant on every one-token matrix shape.
@@ -598,11 +602,13 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .join(",");
     let vocab = plan.vocab_size;
     let model = Model::random_on_gpu(plan, gpu, options, opts.seed)?;
-    let weight_bytes = match &model.backend {
-        crate::runtime::Backend::Cuda { weights, .. } => weights.bytes,
-        _ => 0,
-    };
-    let chunk_prefill = |s: &mut crate::runtime::Session, n: usize, offset: usize| -> Result<()> {
+    let cuda = model
+        .backend
+        .cuda()
+        .expect("a model made on the GPU runs there");
+    let weight_bytes = cuda.weights.bytes;
+    let session = || -> CudaSession<'_> { Session::with_executor(&model, cuda.executor()) };
+    let chunk_prefill = |s: &mut CudaSession, n: usize, offset: usize| -> Result<()> {
         let mut done = 0;
         while done < n {
             let len = step_len(n - done);
@@ -617,20 +623,20 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // Warm-up: compiles every kernel, lowers the programs (each prompt's step shape when the
     // prompts go whole).
     {
-        let mut s = model.session();
+        let mut s = session();
         chunk_prefill(&mut s, step_len(max_ctx), 0)?;
         for i in 0..3 {
             s.decode(token(i, vocab))?;
         }
         if opts.chunk == 0 {
             for &n in &opts.prefills {
-                chunk_prefill(&mut model.session(), n, 0)?;
+                chunk_prefill(&mut session(), n, 0)?;
             }
         }
     }
     let mut prefill = Vec::new();
     for &n in &opts.prefills {
-        let mut s = model.session();
+        let mut s = session();
         let t = Instant::now();
         chunk_prefill(&mut s, n, 7)?;
         let secs = t.elapsed().as_secs_f64();
@@ -646,11 +652,11 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let mut prefill_slowest = Vec::new();
     if let Some(&first) = opts.prefills.first() {
         let len = step_len(first);
-        let mut s = model.session();
-        s.cuda_profile(true);
+        let mut s = session();
+        s.executor_mut().instrumentation.profile = Some(Default::default());
         let ids: Vec<u32> = (0..len).map(|i| token(i + 3, vocab)).collect();
         s.prefill(&ids, LogitsMode::Last)?;
-        let nodes = s.cuda_profile(false);
+        let nodes = s.executor_mut().instrumentation.take_profile();
         let program = model.program(Phase::Prefill, len, LogitsMode::Last)?;
         let p = Profile::collect(&program, &nodes, None, bandwidth);
         prefill_profile = p.by_op;
@@ -662,53 +668,61 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     let mut profile = Profile::default();
     let mut graph_timeline = crate::exec::cuda::trace::Timeline::default();
     for &ctx in &opts.contexts {
-        let mut s = model.session();
+        let mut s = session();
         chunk_prefill(&mut s, ctx, 11)?;
-        let timed_with =
-            |s: &mut crate::runtime::Session, graphs: bool, greedy: bool| -> Result<f64> {
-                s.set_cuda_graphs(graphs);
-                let step = |s: &mut crate::runtime::Session, id: u32| -> Result<()> {
-                    if greedy {
-                        s.greedy(&[id])?;
-                    } else {
-                        s.decode(id)?;
-                    }
-                    Ok(())
-                };
-                for i in 0..3 {
-                    step(s, token(i, vocab))?;
+        let timed_with = |s: &mut CudaSession, graphs: bool, greedy: bool| -> Result<f64> {
+            s.executor_mut().graphs = graphs;
+            let step = |s: &mut CudaSession, id: u32| -> Result<()> {
+                if greedy {
+                    s.greedy(&[id])?;
+                } else {
+                    s.decode(id)?;
                 }
-                let t = Instant::now();
-                for i in 0..opts.decode_steps {
-                    step(s, token(i + 5, vocab))?;
-                }
-                Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
+                Ok(())
             };
-        let timed = |s: &mut crate::runtime::Session, graphs: bool| timed_with(s, graphs, false);
-        s.set_programmatic_launch(false);
+            for i in 0..3 {
+                step(s, token(i, vocab))?;
+            }
+            let t = Instant::now();
+            for i in 0..opts.decode_steps {
+                step(s, token(i + 5, vocab))?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
+        };
+        let timed = |s: &mut CudaSession, graphs: bool| timed_with(s, graphs, false);
+        s.executor_mut().instrumentation.programmatic_launch = false;
         let ms_graphs_serial = timed(&mut s, true)?;
-        s.set_programmatic_launch(true);
+        s.executor_mut().instrumentation.programmatic_launch = true;
         let ms_graphs = timed(&mut s, true)?;
         let ms_greedy = timed_with(&mut s, true, true)?;
-        s.cuda_segment_times(true);
+        s.executor_mut().instrumentation.segment_ms = Some(Vec::new());
         for i in 0..opts.decode_steps.min(16) {
             s.decode(token(i + 30, vocab))?;
         }
         let ms_per_segment: Vec<f64> = s
-            .cuda_segment_times(false)
+            .executor_mut()
+            .instrumentation
+            .segment_ms
+            .take()
+            .unwrap_or_default()
             .into_iter()
             .map(|(n, ms)| ms / n.max(1) as f64)
             .collect();
         // The host side of replayed steps (their waits included, so that the parts add up to
         // the wall time of the same steps).
-        s.set_cuda_graphs(true);
-        s.cuda_host_times(true);
+        s.executor_mut().graphs = true;
+        s.executor_mut().instrumentation.host_times = Some(Default::default());
         let t = Instant::now();
         for i in 0..opts.decode_steps {
             s.decode(token(i + 40, vocab))?;
         }
         let wall_us = t.elapsed().as_secs_f64() * 1e6;
-        let host = s.cuda_host_times(false).unwrap_or_default();
+        let host = s
+            .executor_mut()
+            .instrumentation
+            .host_times
+            .take()
+            .unwrap_or_default();
         let per = |seconds: f64| seconds * 1e6 / host.steps.max(1) as f64;
         let host_us_per_token = HostRow {
             submit: per(host.submit),
@@ -719,21 +733,21 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         };
         let largest = ctx == *opts.contexts.iter().max().unwrap_or(&ctx);
         if opts.trace && largest {
-            s.set_cuda_graphs(true);
-            s.cuda_trace(true)?;
+            s.executor_mut().graphs = true;
+            s.executor_mut().start_trace()?;
             for i in 0..TRACED_STEPS {
                 s.decode(token(i + 60, vocab))?;
             }
-            graph_timeline = s.cuda_trace(false)?;
+            graph_timeline = s.executor_mut().finish_trace()?;
         }
         let ms_eager = timed(&mut s, false)?;
         if largest {
-            s.set_cuda_graphs(false);
-            s.cuda_profile(true);
+            s.executor_mut().graphs = false;
+            s.executor_mut().instrumentation.profile = Some(Default::default());
             for i in 0..4 {
                 s.decode(token(i + 50, vocab))?;
             }
-            let nodes = s.cuda_profile(false);
+            let nodes = s.executor_mut().instrumentation.take_profile();
             profile = Profile::collect(&decode_program, &nodes, Some(ctx), bandwidth);
         }
         bytes_last = decode_bytes(&decode_program, ctx);
@@ -764,11 +778,10 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     );
     let ctx = opts.contexts.iter().max().copied();
     let graph = timeline_profile(&decode_program, &graph_timeline, ctx, bandwidth);
-    let linear_sweep = match (&model.backend, opts.sweep_linear) {
-        (crate::runtime::Backend::Cuda { gpu, .. }, true) => {
-            linear_sweep::run(gpu, &decode_program, bandwidth)?
-        }
-        _ => Vec::new(),
+    let linear_sweep = if opts.sweep_linear {
+        linear_sweep::run(&cuda.gpu, &decode_program, bandwidth)?
+    } else {
+        Vec::new()
     };
     Ok(BenchReport {
         linear_sweep,

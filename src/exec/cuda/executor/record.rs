@@ -11,6 +11,7 @@ pub(super) fn record(
     program: &Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &mut Instrumentation,
     key: GraphKey,
     capture: bool,
 ) -> Result<Vec<CudaGraph>, CudaError> {
@@ -23,7 +24,7 @@ pub(super) fn record(
         .as_ref()
         .map(|b| (b.device_ptr(&gpu.stream).0, b.len()));
     gpu.set_scratch_pool(pool);
-    let result = record_nodes(gpu, program, weights, state, &mut io, capture);
+    let result = record_nodes(gpu, program, weights, state, opts, &mut io, capture);
     let peak = gpu.set_scratch_pool(None);
     // After the first run, a scratch buffer for the next ones (before any capture: a captured
     // graph keeps the addresses it saw).
@@ -51,6 +52,7 @@ pub(super) fn record_nodes<'p>(
     program: &'p Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &mut Instrumentation,
     io: &mut StepIo,
     capture: bool,
 ) -> Result<Vec<CudaGraph>, CudaError> {
@@ -79,6 +81,7 @@ pub(super) fn record_nodes<'p>(
             program,
             weights,
             state,
+            opts,
             io,
             &mut values,
             &mut marks,
@@ -101,7 +104,7 @@ pub(super) fn record_nodes<'p>(
             result?;
         }
     }
-    if let Some(profile) = state.profile.as_mut() {
+    if let Some(profile) = opts.profile.as_mut() {
         gpu.sync("a profiled step")?;
         for (node, ms) in program.nodes.iter().zip(intervals_ms(&marks)?) {
             let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
@@ -120,6 +123,7 @@ pub(super) fn record_segment<'p>(
     program: &'p Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &Instrumentation,
     io: &mut StepIo,
     values: &mut HashMap<&'p str, DVal>,
     marks: &mut Vec<cudarc::driver::CudaEvent>,
@@ -128,7 +132,7 @@ pub(super) fn record_segment<'p>(
     last: bool,
 ) -> Result<(), CudaError> {
     let rows_in = io.tokens.len();
-    let profiling = state.profile.is_some();
+    let profiling = opts.profile.is_some();
     if first {
         // The program's input is a copy of the step's tokens in its arena slot, like every value.
         gpu.set_slots(&[io.input_slot]);
@@ -187,8 +191,8 @@ pub(super) fn record_segment<'p>(
             }
         }
         let mut untaken = 0;
-        if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
-            // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
+        if result.is_ok() && opts.launch_twice.iter().any(|k| k == node.op.kind()) {
+            // Measurement only (`Instrumentation::launch_twice`): the node again, into the same slots.
             untaken += gpu.set_slots(slots);
             gpu.next_node_scratch();
             gpu.set_ready_inputs(ReadyInputs::NONE);
@@ -221,7 +225,7 @@ pub(super) fn record_segment<'p>(
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
         }
-        if state.sync_each_node {
+        if opts.sync_each_node {
             gpu.sync(&format!(
                 "node `{}` ({} kernels, variant {})",
                 node.name,
