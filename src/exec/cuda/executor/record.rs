@@ -192,7 +192,7 @@ pub(super) fn record_segment<'p>(
         }
         let mut untaken = 0;
         if result.is_ok() && opts.launch_twice.iter().any(|k| k == node.op.kind()) {
-            // Measurement only (`Instrumentation::launch_twice`): the node again, into the same slots.
+            // Measurement only (`Instrumentation::launch_twice`): the node again, into its slots.
             untaken += gpu.set_slots(slots);
             gpu.next_node_scratch();
             gpu.set_ready_inputs(ReadyInputs::NONE);
