@@ -21,6 +21,7 @@ pub mod plan;
 pub mod registry;
 pub mod rules;
 pub mod runtime;
+pub mod stderr;
 pub mod synth;
 pub mod weights;
 

@@ -703,3 +703,48 @@ fn gpu_skips_reach_ci_output() {
         "stderr:\n{stderr}"
     );
 }
+
+/// A stderr whose reader is gone (`graphrun ... 2>&1 | head` after head exits, a closed
+/// terminal) fails every write with a broken pipe; the command still ends with its own exit
+/// status, not a panic (101): a notice written on success, and the `error:` line of a failure.
+#[test]
+fn a_closed_stderr_is_not_a_panic() {
+    let cases: [(&[&str], i32); 2] = [
+        // Writes its fusion counts and arena size to stderr, the program to stdout.
+        (
+            &[
+                "lower",
+                "--config",
+                "models/tiny-qwen4exp/config.json",
+                "--phase",
+                "decode",
+            ],
+            0,
+        ),
+        (&["run", "--model", "no/such/model", "--prompt-ids", "1"], 1),
+    ];
+    for (args, code) in cases {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args(args)
+            .current_dir(common::repo())
+            .env("RUST_BACKTRACE", "0")
+            .stderr(writer)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "graphrun {args:?}:\n{stdout}"
+        );
+        assert!(!stdout.contains("panicked"), "graphrun {args:?}:\n{stdout}");
+        if code == 0 {
+            assert!(
+                stdout.contains("nodes:"),
+                "graphrun {args:?}: no program on stdout"
+            );
+        }
+    }
+}

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use graphrun::checkpoint::{self, Checkpoint, DType, TensorData};
+use graphrun::exec::CpuExecutor;
 use graphrun::ir::LogitsMode;
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
-use graphrun::runtime::{Model, ModelOptions};
+use graphrun::runtime::{Model, ModelOptions, Session};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -22,6 +23,11 @@ use graphrun::runtime::{Model, ModelOptions};
 
 fn demo() -> PathBuf {
     common::repo().join("models/tiny-qwen4exp")
+}
+
+/// A session on the CPU executor, whose state a test can compare before and after a call.
+fn cpu_session(model: &Model) -> Session<'_, CpuExecutor<'_>> {
+    Session::with_executor(model, CpuExecutor::new(&model.weights))
 }
 
 fn graphrun(args: &[&str]) -> Output {
@@ -841,9 +847,9 @@ fn cli_non_numeric_token_id_names_it_and_its_position() {
 #[test]
 fn library_bad_token_leaves_session_unchanged_and_usable() {
     let model = Model::load(&demo(), ModelOptions::default()).unwrap();
-    let mut session = model.session();
+    let mut session = cpu_session(&model);
     session.prefill(&[5, 6, 7], LogitsMode::Last).unwrap();
-    let before = session.state().clone();
+    let before = session.executor().state().clone();
     assert_eq!(session.position(), 3);
 
     let err = session
@@ -853,21 +859,21 @@ fn library_bad_token_leaves_session_unchanged_and_usable() {
     assert_contains(&err, &["token id 999999 at position 1", "out of range"]);
     assert_eq!(session.position(), 3);
     assert!(
-        session.state() == &before,
+        session.executor().state() == &before,
         "state changed by a refused prefill"
     );
 
     let err = session.decode(256).unwrap_err().to_string();
     assert_contains(&err, &["token id 256 at position 0"]);
     assert!(
-        session.state() == &before,
+        session.executor().state() == &before,
         "state changed by a refused decode"
     );
 
     let err = session.greedy(&[3, 256]).unwrap_err().to_string();
     assert_contains(&err, &["token id 256 at position 1"]);
     assert!(
-        session.state() == &before,
+        session.executor().state() == &before,
         "state changed by a refused greedy step"
     );
 
@@ -877,27 +883,27 @@ fn library_bad_token_leaves_session_unchanged_and_usable() {
         .to_string();
     assert_contains(&err, &["no tokens"]);
     assert!(
-        session.state() == &before,
+        session.executor().state() == &before,
         "state changed by an empty prefill"
     );
 
     // Still works, and exactly as a fresh session fed the same good tokens.
     let got = session.prefill(&[8, 9], LogitsMode::All).unwrap();
-    let mut fresh = model.session();
+    let mut fresh = cpu_session(&model);
     fresh.prefill(&[5, 6, 7], LogitsMode::Last).unwrap();
     let want = fresh.prefill(&[8, 9], LogitsMode::All).unwrap();
     assert_eq!(got, want);
     assert_eq!(session.position(), 5);
-    assert!(session.state() == fresh.state());
+    assert!(session.executor().state() == fresh.executor().state());
 }
 
 #[test]
 fn library_bad_token_on_fresh_session_leaves_it_fresh() {
     let model = Model::load(&demo(), ModelOptions::default()).unwrap();
-    let mut session = model.session();
-    let before = session.state().clone();
+    let mut session = cpu_session(&model);
+    let before = session.executor().state().clone();
     assert!(session.prefill(&[1, 2, 300], LogitsMode::All).is_err());
-    assert!(session.state() == &before);
+    assert!(session.executor().state() == &before);
     assert_eq!(session.position(), 0);
     let got = session.prefill(&[1, 2, 3], LogitsMode::All).unwrap();
     let want = model
@@ -911,16 +917,16 @@ fn library_bad_token_on_fresh_session_leaves_it_fresh() {
 fn library_over_long_context_is_refused_and_leaves_state() {
     let model = Model::load(&demo(), ModelOptions::default()).unwrap();
     let max = model.plan.max_position_embeddings;
-    let mut session = model.session();
+    let mut session = cpu_session(&model);
     session.prefill(&[5, 6], LogitsMode::Last).unwrap();
-    let before = session.state().clone();
+    let before = session.executor().state().clone();
     let ids = vec![3u32; max - 1];
     let err = session
         .prefill(&ids, LogitsMode::Last)
         .unwrap_err()
         .to_string();
     assert_contains(&err, &[&format!("{}", max + 1), "max_position_embeddings"]);
-    assert!(session.state() == &before);
+    assert!(session.executor().state() == &before);
     assert_eq!(session.position(), 2);
 }
 

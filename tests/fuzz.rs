@@ -324,7 +324,9 @@ fn load_and_run(dir: &Path) -> Outcome {
         sampling: Sampling::Greedy,
         stop_on_eos: false,
     };
-    match model.session().generate(&[1, 2, 3], &opts) {
+    // Bound first: the session (it borrows the model) must be dropped before the model.
+    let generated = model.session().generate(&[1, 2, 3], &opts);
+    match generated {
         Ok(_) => Outcome::Ok,
         Err(e) => Outcome::Err(format!("run: {}", label(&format!("{e:?}")))),
     }

@@ -6,7 +6,7 @@
 mod common;
 
 use graphrun::ir::LogitsMode;
-use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
+use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling, Session};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -137,8 +137,9 @@ fn programmatic_launch_changes_no_bits() {
             )
             .unwrap();
             let run = |overlap: bool| {
-                let mut s = model.session();
-                s.set_programmatic_launch(overlap);
+                let mut s =
+                    Session::with_executor(&model, model.backend.cuda().unwrap().executor());
+                s.executor_mut().instrumentation.programmatic_launch = overlap;
                 let mut out = s.prefill(&exp.prompt, LogitsMode::All).unwrap().data;
                 for &t in exp.greedy.iter().cycle().take(10) {
                     out.extend(s.decode(t).unwrap());

@@ -14,7 +14,7 @@ use graphrun::plan::ModelPlan;
 use graphrun::registry::{DeviceFacts, WeightFormat};
 use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
 use graphrun::synth::{self, SynthDtype, SynthOptions};
-use graphrun::Error;
+use graphrun::{stderr, Error};
 
 #[derive(Parser)]
 #[command(
@@ -285,7 +285,7 @@ fn load_model(
     };
     let model = Model::load(dir, options)?;
     if let Some(notice) = &model.fallback_notice {
-        eprintln!("notice: {notice}");
+        stderr::line(format_args!("notice: {notice}"));
     }
     Ok(model)
 }
@@ -406,12 +406,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 bytes: std::borrow::Cow::Owned(bytes),
             };
             checkpoint::write_safetensors(&a.out, &[t], None)?;
-            eprintln!(
+            stderr::line(format_args!(
                 "wrote logits [{}, {}] to {}",
                 logits.rows,
                 logits.vocab,
                 a.out.display()
-            );
+            ));
         }
         Command::Lower(a) => {
             let plan = match (&a.model, &a.config) {
@@ -449,15 +449,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let graphs = graph_set(&cli.graphs)?;
             let lowered = lower::lower(&plan, &graphs, &opts)?;
             for (name, n) in &lowered.fusion_counts {
-                eprintln!("fusion {name}: {n} match(es)");
+                stderr::line(format_args!("fusion {name}: {n} match(es)"));
             }
             let p = &lowered.program;
-            eprintln!(
+            stderr::line(format_args!(
                 "arena: {} bytes for {} values ({} bytes unshared)",
                 p.arena_bytes,
                 p.values.len(),
                 p.values.iter().map(|v| v.bytes).sum::<usize>()
-            );
+            ));
             match a.format {
                 LowerFormat::Ron => print_line(&p.to_ron())?,
                 LowerFormat::Kernels => print_line(lower::dot::kernel_table(p).trim_end())?,
@@ -515,7 +515,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 shard_bytes: a.shard_mib.max(1) << 20,
             };
             synth::write(&plan, &text, &a.out, &opts)?;
-            eprintln!("wrote a random {dtype} checkpoint to {}", a.out.display());
+            stderr::line(format_args!(
+                "wrote a random {dtype} checkpoint to {}",
+                a.out.display()
+            ));
         }
         Command::Bench(a) => {
             let text = std::fs::read_to_string(&a.config).map_err(|e| Error::Io {
@@ -565,7 +568,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) | Err(Failure::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            stderr::line(format_args!("error: {e}"));
             ExitCode::FAILURE
         }
     }

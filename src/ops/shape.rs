@@ -35,6 +35,30 @@ fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
+/// The product of `factors`, or an error naming it by `what` (the op's words for it). Dimensions
+/// come from graph files, where any literal is allowed, so a product may not fit a `usize`.
+fn product(what: &str, factors: &[usize]) -> Result<usize, String> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| {
+            let values: Vec<String> = factors.iter().map(|f| f.to_string()).collect();
+            format!("{what} = {} overflows a width", values.join(" * "))
+        })
+}
+
+/// `a + b`, or an error naming the sum by `what`.
+fn sum(what: &str, a: usize, b: usize) -> Result<usize, String> {
+    a.checked_add(b)
+        .ok_or_else(|| format!("{what} = {a} + {b} overflows a width"))
+}
+
+/// A divisor that is no dimension (zero) is an error naming it, not a division by zero.
+fn divisor(what: &str, d: usize) -> Result<usize, String> {
+    check(d > 0, || format!("{what} must be positive"))?;
+    Ok(d)
+}
+
 /// Output (type, width) per output of `op`.
 pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Vec<Io>, String> {
     use ValueType::*;
@@ -45,7 +69,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_weights(weights, 1)?;
             check(inputs[0].0 == I64, || "ids must be i64".into())?;
             check(weights[0].len() == 2, || "table must be 2-D".into())?;
-            f(inputs[0].1 * weights[0][1])
+            f(product("ids * table width", &[inputs[0].1, weights[0][1]])?)
         }
         Op::RepeatStreams { streams } => {
             expect_inputs(inputs, 1)?;
@@ -68,7 +92,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(*group > 0 && w % group == 0, || {
                 format!("width {w} is not a multiple of group {group}")
             })?;
-            let wl: usize = weights[0].iter().product();
+            let wl = product("the weight's elements", &weights[0])?;
             check(wl == w || wl == *group, || {
                 format!("weight has {wl} elements, expected {w} or {group}")
             })?;
@@ -126,6 +150,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         Op::StreamMean { streams } => {
             expect_inputs(inputs, 1)?;
             let w = f32_input(inputs[0], "input")?;
+            let streams = divisor("streams", *streams)?;
             check(w % streams == 0, || {
                 format!("width {w} is not {streams} streams")
             })?;
@@ -136,7 +161,8 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             let h = f32_input(inputs[0], "h")?;
             let inj = f32_input(inputs[1], "inj")?;
             let y = f32_input(inputs[2], "y")?;
-            check(inj == *streams && h == streams * y, || {
+            let streams_y = product("streams * y", &[*streams, y])?;
+            check(inj == *streams && h == streams_y, || {
                 format!("h {h}, inj {inj}, y {y} do not fit {streams} streams")
             })?;
             f(h)
@@ -155,10 +181,13 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_weights(weights, 2)?;
             let b = f32_input(inputs[0], "b")?;
             let a = f32_input(inputs[1], "a")?;
-            check(
-                a == b && weights.iter().all(|w| w.iter().product::<usize>() == a),
-                || "b, a, A_log and dt_bias must share the value-head count".into(),
-            )?;
+            let sizes = weights
+                .iter()
+                .map(|w| product("the weight's elements", w))
+                .collect::<Result<Vec<_>, _>>()?;
+            check(a == b && sizes.iter().all(|&n| n == a), || {
+                "b, a, A_log and dt_bias must share the value-head count".into()
+            })?;
             Ok(vec![(F32, a), (F32, a)])
         }
         Op::GdnRecurrence {
@@ -169,7 +198,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         } => {
             expect_inputs(inputs, 3)?;
             let w = f32_input(inputs[0], "qkv")?;
-            let need = 2 * key_heads * key_dim + value_heads * value_dim;
+            let qk = product("2 * key_heads * key_dim", &[2, *key_heads, *key_dim])?;
+            let v = product("value_heads * value_dim", &[*value_heads, *value_dim])?;
+            let need = sum("the qkv width", qk, v)?;
             check(w == need, || format!("qkv width {w} != {need}"))?;
             check(*key_heads > 0 && value_heads % key_heads == 0, || {
                 "value heads must be a multiple of key heads".into()
@@ -178,7 +209,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 inputs[1].1 == *value_heads && inputs[2].1 == *value_heads,
                 || "beta/g width must be value_heads".into(),
             )?;
-            f(value_heads * value_dim)
+            f(v)
         }
         Op::GdnGatedRecurrence { .. } => {
             // The gates' inputs and weights, then the recurrence over them.
@@ -230,21 +261,24 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_inputs(inputs, 2)?;
             expect_weights(weights, 1)?;
             let w = f32_input(inputs[0], "input")?;
+            let head_dim = divisor("head_dim", *head_dim)?;
             check(inputs[1].1 == w && w % head_dim == 0, || {
                 "gate width must equal input width".into()
             })?;
-            check(weights[0].iter().product::<usize>() == *head_dim, || {
-                "weight must be [head_dim]".into()
-            })?;
+            check(
+                product("the weight's elements", &weights[0])? == head_dim,
+                || "weight must be [head_dim]".into(),
+            )?;
             f(w)
         }
         Op::SplitQGate { heads, head_dim } => {
             expect_inputs(inputs, 1)?;
             let w = f32_input(inputs[0], "input")?;
-            check(w == 2 * heads * head_dim, || {
+            let q = product("heads * head_dim", &[*heads, *head_dim])?;
+            check(Some(w) == q.checked_mul(2), || {
                 format!("width {w} != 2*{heads}*{head_dim}")
             })?;
-            Ok(vec![(F32, heads * head_dim), (F32, heads * head_dim)])
+            Ok(vec![(F32, q), (F32, q)])
         }
         Op::Rope {
             head_dim,
@@ -252,6 +286,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         } => {
             expect_inputs(inputs, 1)?;
             let w = f32_input(inputs[0], "input")?;
+            divisor("head_dim", *head_dim)?;
             check(
                 w % head_dim == 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
                 || format!("width {w}, head_dim {head_dim}, rotary_dim {rotary_dim} do not fit"),
@@ -269,7 +304,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 *head_dim > 0 && w % head_dim == 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
                 || format!("width {w}, head_dim {head_dim}, rotary_dim {rotary_dim} do not fit"),
             )?;
-            let wl: usize = weights[0].iter().product();
+            let wl = product("the norm weight's elements", &weights[0])?;
             check(wl == w || wl == *head_dim, || {
                 format!("norm weight has {wl} elements, expected {w} or {head_dim}")
             })?;
@@ -302,10 +337,10 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         } => {
             expect_inputs(inputs, 2)?;
             expect_weights(weights, 1)?;
-            check(
-                inputs[0].1 == heads * head_dim && inputs[1].1 == *head_dim,
-                || "query/key widths".into(),
-            )?;
+            let q = product("heads * head_dim", &[*heads, *head_dim])?;
+            check(inputs[0].1 == q && inputs[1].1 == *head_dim, || {
+                "query/key widths".into()
+            })?;
             check(
                 *block > 0 && budget % block == 0 && rotary_dim <= head_dim,
                 || "budget/block".into(),
@@ -321,7 +356,9 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         } => {
             expect_inputs(inputs, 1)?;
             expect_weights(weights, 2)?;
-            check(inputs[0].1 == (heads + 1) * head_dim, || {
+            let heads1 = sum("heads + 1", *heads, 1)?;
+            let qk = product("(heads + 1) * head_dim", &[heads1, *head_dim])?;
+            check(inputs[0].1 == qk, || {
                 "the projection's width: heads + 1 heads".into()
             })?;
             check(
@@ -338,18 +375,19 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
         } => {
             expect_inputs(inputs, 4)?;
             check(*block > 0, || "block must be positive".into())?;
-            check(inputs[0].1 == heads * head_dim, || "q width".into())?;
-            check(
-                inputs[1].1 == kv_heads * head_dim && inputs[2].1 == kv_heads * head_dim,
-                || "k/v width".into(),
-            )?;
+            let q = product("heads * head_dim", &[*heads, *head_dim])?;
+            let kv = product("kv_heads * head_dim", &[*kv_heads, *head_dim])?;
+            check(inputs[0].1 == q, || "q width".into())?;
+            check(inputs[1].1 == kv && inputs[2].1 == kv, || {
+                "k/v width".into()
+            })?;
             check(*kv_heads > 0 && heads % kv_heads == 0, || {
                 "heads must be a multiple of kv heads".into()
             })?;
             check(inputs[3].0 == Selection, || {
                 "fourth input must be a selection".into()
             })?;
-            f(heads * head_dim)
+            f(q)
         }
         Op::GatedAttention {
             heads,
@@ -402,7 +440,8 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             check(inputs[1].0 == I64 && inputs[1].1 == inputs[2].1, || {
                 "ids/weights".into()
             })?;
-            check(weights[0] == vec![*experts, 2 * intermediate, h], || {
+            let gate_up = product("2 * intermediate", &[2, *intermediate])?;
+            check(weights[0] == vec![*experts, gate_up, h], || {
                 format!("gate_up {:?}", weights[0])
             })?;
             check(weights[1] == vec![*experts, h, *intermediate], || {
@@ -418,7 +457,11 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_inputs(inputs, 1)?;
             check(inputs[0].0 == I64, || "tokens must be i64".into())?;
             check(*ngram >= 2, || "ngram must be >= 2".into())?;
-            Ok(vec![(I64, (ngram - 1) * heads_per_ngram)])
+            let ids = product(
+                "(ngram - 1) * heads_per_ngram",
+                &[ngram - 1, *heads_per_ngram],
+            )?;
+            Ok(vec![(I64, ids)])
         }
         Op::PleEmbed {
             ngram,
@@ -438,7 +481,8 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             let k = f32_input(inputs[0], "key")?;
             let q = f32_input(inputs[1], "query")?;
             let v = f32_input(inputs[2], "value")?;
-            check(k == q && k == streams * v, || {
+            let streams_v = product("streams * value", &[*streams, v])?;
+            check(k == q && k == streams_v, || {
                 format!("key {k}, query {q}, value {v}")
             })?;
             f(k)
@@ -494,6 +538,7 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             expect_weights(weights, 2)?;
             let w = f32_input(inputs[0], "hn")?;
             let r = weights[0][0];
+            let streams = divisor("streams", *streams)?;
             check(
                 weights[0] == vec![r, w] && weights[1] == vec![w, r] && w % streams == 0,
                 || "down/up".into(),
@@ -531,7 +576,8 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 "weight [H, K]".into()
             })?;
             let hid = weights[0][0];
-            check(inj == *streams && h == streams * hid, || {
+            let streams_hid = product("streams * y", &[*streams, hid])?;
+            check(inj == *streams && h == streams_hid, || {
                 format!("h {h}, inj {inj}, y {hid} do not fit {streams} streams")
             })?;
             f(h)
@@ -550,7 +596,8 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
                 format!("down weight {:?}, want [{hid}, {inter}]", weights[0])
             })?;
             check(weights[1] == vec![1, hid], || "gate weight".into())?;
-            check(inj == *streams && h == streams * hid, || {
+            let streams_hid = product("streams * y", &[*streams, hid])?;
+            check(inj == *streams && h == streams_hid, || {
                 format!("h {h}, inj {inj}, y {hid} do not fit {streams} streams")
             })?;
             f(h)
@@ -610,6 +657,142 @@ mod tests {
         assert_eq!(
             infer(&ok, &[(ValueType::F32, 2)], &[]),
             Ok(vec![(ValueType::F32, 8)])
+        );
+    }
+
+    /// Dimensions whose products overflow a width (a graph file may give any literal) are
+    /// errors naming the product and its factors, not a panic or a wrapped width.
+    #[test]
+    fn huge_dimensions_are_errors_naming_the_product() {
+        use ValueType::{Selection, F32, I64};
+        let huge = 1usize << 62;
+        let overflow = |op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>], want: &str| {
+            let err = infer(op, inputs, weights).unwrap_err();
+            assert!(
+                err.contains(want) && err.contains("overflows"),
+                "{op:?}: {err}"
+            );
+        };
+        let sel = (Selection, 0);
+        let attention = |heads, kv_heads, head_dim| Op::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            block: 2,
+        };
+        let (q, kv) = ((F32, 32), (F32, 16));
+        overflow(
+            &attention(huge, 1, 8),
+            &[q, kv, kv, sel],
+            &[],
+            &format!("heads * head_dim = {huge} * 8"),
+        );
+        overflow(
+            &attention(4, huge, 8),
+            &[q, kv, kv, sel],
+            &[],
+            &format!("kv_heads * head_dim = {huge} * 8"),
+        );
+        let gdn = Op::GdnRecurrence {
+            key_heads: 1,
+            value_heads: 1,
+            key_dim: 1 << 63,
+            value_dim: 1,
+        };
+        overflow(
+            &gdn,
+            &[(F32, 8), (F32, 1), (F32, 1)],
+            &[],
+            &format!("2 * key_heads * key_dim = 2 * 1 * {}", 1usize << 63),
+        );
+        let qk = Op::IndexerSelectQk {
+            heads: usize::MAX,
+            head_dim: 8,
+            rotary_dim: 4,
+            budget: 4,
+            block: 2,
+        };
+        overflow(&qk, &[(F32, 8)], &[vec![8], vec![8]], "heads + 1");
+        let ids = Op::PleNgramIds {
+            ngram: 3,
+            heads_per_ngram: 1 << 63,
+            table: 0,
+        };
+        overflow(
+            &ids,
+            &[(I64, 1)],
+            &[],
+            &format!("(ngram - 1) * heads_per_ngram = 2 * {}", 1usize << 63),
+        );
+        let experts = Op::MoeExperts {
+            experts: 4,
+            intermediate: 1 << 63,
+        };
+        overflow(
+            &experts,
+            &[(F32, 8), (I64, 2), (F32, 2)],
+            &[vec![4, 8, 8], vec![4, 8, 4]],
+            "2 * intermediate",
+        );
+        overflow(
+            &Op::Embed,
+            &[(I64, huge)],
+            &[vec![10, 8]],
+            "ids * table width",
+        );
+        let norm = Op::RmsNorm {
+            group: 8,
+            unit_offset: false,
+        };
+        overflow(
+            &norm,
+            &[(F32, 8)],
+            &[vec![huge, 8]],
+            "the weight's elements",
+        );
+        // Products that fit are inferred as before.
+        assert_eq!(
+            infer(&attention(4, 2, 8), &[q, kv, kv, sel], &[]),
+            Ok(vec![(F32, 32)])
+        );
+        let fits = Op::PleNgramIds {
+            ngram: 3,
+            heads_per_ngram: 4,
+            table: 0,
+        };
+        assert_eq!(infer(&fits, &[(I64, 1)], &[]), Ok(vec![(I64, 8)]));
+    }
+
+    /// A zero where an op divides a width (streams, head_dim) is an error, not a division by
+    /// zero.
+    #[test]
+    fn zero_divisors_are_errors() {
+        use ValueType::F32;
+        let positive = |op: Op<usize>, inputs: &[Io], weights: &[Vec<usize>], name: &str| {
+            let err = infer(&op, inputs, weights).unwrap_err();
+            assert_eq!(err, format!("{name} must be positive"), "{op:?}");
+        };
+        positive(Op::StreamMean { streams: 0 }, &[(F32, 8)], &[], "streams");
+        positive(
+            Op::HcMix { streams: 0 },
+            &[(F32, 8)],
+            &[vec![2, 8], vec![8, 2]],
+            "streams",
+        );
+        positive(
+            Op::GatedRmsNorm { head_dim: 0 },
+            &[(F32, 8), (F32, 8)],
+            &[vec![0]],
+            "head_dim",
+        );
+        let rope = Op::Rope {
+            head_dim: 0,
+            rotary_dim: 0,
+        };
+        positive(rope, &[(F32, 8)], &[], "head_dim");
+        assert_eq!(
+            infer(&Op::StreamMean { streams: 4 }, &[(F32, 8)], &[]),
+            Ok(vec![(F32, 2)])
         );
     }
 

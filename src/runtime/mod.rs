@@ -1,9 +1,11 @@
 //! The runtime: a loaded [`Model`], per-sequence [`Session`]s, sampling and generation.
 
+pub mod backend;
 pub mod model;
 pub mod sampling;
 pub mod session;
 
-pub use model::{Backend, DeviceChoice, Model, ModelOptions};
+pub use backend::{Backend, CudaBackend};
+pub use model::{DeviceChoice, Model, ModelOptions};
 pub use sampling::{Sampler, Sampling};
 pub use session::{GenerateOptions, Logits, LogitsError, Session};

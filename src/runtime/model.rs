@@ -6,15 +6,16 @@ use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::exec::cuda::executor::DeviceWeights;
+use crate::exec::cuda::executor::{DeviceWeights, Instrumentation};
 use crate::exec::cuda::{self, Gpu};
+use crate::exec::Executor;
 use crate::ir::{LogitsMode, Phase, Program};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::passes::schedule::RuleOverride;
 use crate::plan::ModelPlan;
 use crate::weights::{self, Weights};
 
-use super::session::Session;
+use super::backend::{Backend, CudaBackend};
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +32,7 @@ pub struct ModelOptions {
     /// Synchronise after every node on the GPU (eager), so a kernel fault names its kernel.
     pub cuda_sync_each_node: bool,
     /// On the GPU, launch the nodes of these op kinds twice (measurement only: see
-    /// `exec::cuda::executor::DeviceState::set_launch_twice`; results may be wrong).
+    /// `exec::cuda::executor::Instrumentation::launch_twice`; results may be wrong).
     pub cuda_launch_twice: Vec<String>,
     /// Longest sequence a session holds, on every device (`Session::capacity`): a step past it
     /// is refused. A CUDA session preallocates its caches for it (rounded up to the indexer's
@@ -57,6 +58,16 @@ impl ModelOptions {
         opts.weight_dtype = weight_dtype;
         opts.device = device;
         opts
+    }
+
+    /// The CUDA executor's instrumentation these options set (`cuda_sync_each_node`,
+    /// `cuda_launch_twice`).
+    pub fn instrumentation(&self) -> Instrumentation {
+        Instrumentation {
+            sync_each_node: self.cuda_sync_each_node,
+            launch_twice: self.cuda_launch_twice.clone(),
+            ..Default::default()
+        }
     }
 
     /// The graph files these options name (a directory, else the built-in copy).
@@ -106,19 +117,6 @@ impl std::str::FromStr for DeviceChoice {
             )),
         }
     }
-}
-
-/// The executor a model runs on, with what it keeps there.
-#[allow(clippy::large_enum_variant)] // one per model
-pub enum Backend {
-    Cpu,
-    Cuda {
-        gpu: Gpu,
-        weights: DeviceWeights,
-        capacity: usize,
-        /// Capture each step shape as a CUDA graph and replay it (off: `--no-graphs`).
-        graphs: bool,
-    },
 }
 
 pub struct Model {
@@ -182,23 +180,7 @@ impl Model {
         };
         let weights =
             DeviceWeights::upload(&gpu, program, &self.weights, self.weight_dtype == "bf16")?;
-        let block = self
-            .plan
-            .indexer
-            .as_ref()
-            .map(|i| i.compress_ratio)
-            .unwrap_or(1);
-        let capacity = self
-            .options
-            .context_capacity
-            .unwrap_or(self.plan.max_position_embeddings.min(8192))
-            .next_multiple_of(block);
-        self.backend = Backend::Cuda {
-            gpu,
-            weights,
-            capacity,
-            graphs: !self.options.no_cuda_graphs,
-        };
+        self.backend = cuda_backend(&self.plan, &self.options, gpu, weights);
         Ok(())
     }
 
@@ -217,20 +199,10 @@ impl Model {
             &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
         )?;
         let weights = DeviceWeights::random(&gpu, &probe.program, true, seed)?;
-        let block = plan.indexer.as_ref().map(|i| i.compress_ratio).unwrap_or(1);
-        let capacity = options
-            .context_capacity
-            .unwrap_or(plan.max_position_embeddings.min(8192))
-            .next_multiple_of(block);
-        let no_graphs = options.no_cuda_graphs;
+        let backend = cuda_backend(&plan, &options, gpu, weights);
         let mut model = Model::from_parts(plan, graphs, Weights::new(), options);
         model.weight_dtype = "bf16".into();
-        model.backend = Backend::Cuda {
-            gpu,
-            weights,
-            capacity,
-            graphs: !no_graphs,
-        };
+        model.backend = backend;
         Ok(model)
     }
 
@@ -260,17 +232,17 @@ impl Model {
         if let Some(p) = self.programs.lock().expect("program cache lock").get(&key) {
             return Ok(p.clone());
         }
-        let device = match self.backend {
-            Backend::Cpu => crate::ir::Device::Cpu,
-            Backend::Cuda { .. } => crate::ir::Device::Cuda,
-        };
-        let opts = self.options.lower_options(
+        let mut opts = self.options.lower_options(
             phase,
             tokens,
             logits,
-            device,
+            self.backend.device(),
             Some(self.weight_dtype.clone()),
         );
+        // Scheduled for the device the model is on (its arch and multiprocessors).
+        if let Backend::Cuda(cuda) = &self.backend {
+            opts.device_facts = Some(cuda.gpu.facts());
+        }
         let program = Arc::new(lower::lower(&self.plan, &self.graphs, &opts)?.program);
         self.programs
             .lock()
@@ -283,7 +255,30 @@ impl Model {
         &self.options
     }
 
-    pub fn session(&self) -> Session<'_> {
-        Session::new(self)
+    /// The executor of a new sequence of this model.
+    pub fn executor(&self) -> Box<dyn Executor + '_> {
+        self.backend.executor(&self.weights)
     }
+}
+
+/// The model on `gpu`: each sequence's caches hold `context_capacity` rows (rounded up to the
+/// indexer's block), by default min(max_position_embeddings, 8192).
+fn cuda_backend(
+    plan: &ModelPlan,
+    options: &ModelOptions,
+    gpu: Gpu,
+    weights: DeviceWeights,
+) -> Backend {
+    let block = plan.indexer.as_ref().map(|i| i.compress_ratio).unwrap_or(1);
+    let capacity = options
+        .context_capacity
+        .unwrap_or(plan.max_position_embeddings.min(8192))
+        .next_multiple_of(block);
+    Backend::Cuda(CudaBackend {
+        gpu,
+        weights,
+        capacity,
+        graphs: !options.no_cuda_graphs,
+        instrumentation: options.instrumentation(),
+    })
 }

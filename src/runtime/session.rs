@@ -1,16 +1,15 @@
-//! A session: one sequence's state (KV caches, indexer keys, GDN conv and recurrent states, PLE
-//! conv window and token history) and the steps that advance it. Prefilling in chunks and then
-//! decoding gives the same logits as one prefill of everything: every step reads and writes only
-//! this state. A refused call (bad token, over-long context) leaves it untouched.
+//! A session: one sequence of a model, the generation logic over an executor ([`Executor`]) that
+//! keeps the sequence's state (KV caches, indexer keys, GDN conv and recurrent states, PLE conv
+//! window and token history). Prefilling in chunks and then decoding gives the same logits as one
+//! prefill of everything: every step reads and writes only this state. A refused call (bad token,
+//! over-long context) is refused here, before the executor runs, and leaves it untouched.
 
 use crate::error::{Error, Result};
-use crate::exec::cuda::executor::{self, DeviceState, DeviceWeights};
-use crate::exec::cuda::{CudaError, Gpu};
-use crate::exec::{cpu, SessionState};
+use crate::exec::Executor;
 use crate::ir::{LogitsMode, Phase, Program};
 
-use super::model::{Backend, Model};
-use super::sampling::{argmax, check_logits, BadLogit, Sampler, Sampling};
+use super::model::Model;
+use super::sampling::{BadLogit, Sampler, Sampling};
 
 /// A step's logits no token can be chosen from (a NaN: the model's numbers broke down). The
 /// step ran: the session holds its tokens.
@@ -41,7 +40,7 @@ enum Bound {
     Positions,
     /// `ModelOptions::context_capacity` (`--context`).
     Context,
-    /// A GPU session's preallocated caches, at their default size.
+    /// The executor's preallocated caches (a GPU's), at their default size.
     Device,
 }
 
@@ -82,131 +81,49 @@ pub struct GenerateOptions {
     pub stop_on_eos: bool,
 }
 
-pub struct Session<'m> {
+/// One sequence of a model, run by an executor `E` (by default the one the model's backend gives
+/// a new sequence; [`Session::with_executor`] takes any other).
+pub struct Session<'m, E = Box<dyn Executor + 'm>> {
     model: &'m Model,
-    /// The CPU executor's state (untouched by a session on a GPU).
-    state: SessionState,
-    /// The CUDA executor's state, for a model on a GPU.
-    device_state: Option<DeviceState>,
-    /// Overrides the model's CUDA-graph setting for this session.
-    graphs: Option<bool>,
+    exec: E,
 }
 
-impl<'m> Session<'m> {
-    pub fn new(model: &'m Model) -> Self {
-        let device_state = match &model.backend {
-            Backend::Cpu => None,
-            Backend::Cuda { capacity, .. } => {
-                let mut d = DeviceState::new(*capacity);
-                d.sync_each_node = model.options().cuda_sync_each_node;
-                d.set_launch_twice(model.options().cuda_launch_twice.clone());
-                Some(d)
-            }
-        };
-        Session {
-            model,
-            state: SessionState::default(),
-            device_state,
-            graphs: None,
-        }
+impl Model {
+    /// A new sequence on the model's executor.
+    pub fn session(&self) -> Session<'_> {
+        Session::with_executor(self, self.executor())
+    }
+}
+
+impl<'m, E: Executor> Session<'m, E> {
+    /// A sequence of `model` on `exec`, which runs the programs `Model::program` lowers for the
+    /// model's backend.
+    pub fn with_executor(model: &'m Model, exec: E) -> Self {
+        Session { model, exec }
+    }
+
+    /// The executor (its own settings and measurements, such as the CUDA executor's).
+    pub fn executor(&self) -> &E {
+        &self.exec
+    }
+
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.exec
     }
 
     /// Tokens processed so far.
     pub fn position(&self) -> usize {
-        match &self.device_state {
-            Some(d) => d.position,
-            None => self.state.position,
-        }
-    }
-
-    /// Turns CUDA-graph capture and replay on or off for this session's next steps.
-    pub fn set_cuda_graphs(&mut self, on: bool) {
-        self.graphs = Some(on);
-    }
-
-    /// Turns programmatic dependent launch (a kernel starting its weight reads while the one
-    /// before it finishes; sm_90 and later) on or off for this session's next CUDA steps. On by
-    /// default; the results are the same bits either way.
-    pub fn set_programmatic_launch(&mut self, on: bool) {
-        if let Some(d) = self.device_state.as_mut() {
-            d.set_programmatic_launch(on);
-        }
-    }
-
-    /// Starts (or, with `false`, stops and returns) a per-node profile of eager CUDA steps, timed
-    /// with device events: (node name, steps timed, seconds in all), slowest first. Steps
-    /// replayed from CUDA graphs are not profiled.
-    pub fn cuda_profile(&mut self, on: bool) -> Vec<(String, usize, f64)> {
-        let Some(d) = self.device_state.as_mut() else {
-            return Vec::new();
-        };
-        let taken = std::mem::take(&mut d.profile);
-        if on {
-            d.profile = Some(Default::default());
-        }
-        let mut rows: Vec<(String, usize, f64)> = taken
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, (n, t))| (k, n, t))
-            .collect();
-        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-        rows
-    }
-
-    /// Starts (or, with `false`, stops and returns) timing the segments of replayed CUDA-graph
-    /// steps with device events: per segment index, (replays timed, milliseconds in all).
-    pub fn cuda_segment_times(&mut self, on: bool) -> Vec<(usize, f64)> {
-        let Some(d) = self.device_state.as_mut() else {
-            return Vec::new();
-        };
-        let taken = std::mem::take(&mut d.segment_ms);
-        if on {
-            d.segment_ms = Some(Vec::new());
-        }
-        taken.unwrap_or_default()
-    }
-
-    /// Starts (or, with `false`, stops and returns) timing the host side of replayed CUDA-graph
-    /// steps (`exec::cuda::executor::HostTimes`); `None` on the CPU or when it was off.
-    pub fn cuda_host_times(&mut self, on: bool) -> Option<crate::exec::cuda::executor::HostTimes> {
-        let d = self.device_state.as_mut()?;
-        let taken = d.host_times.take();
-        if on {
-            d.host_times = Some(Default::default());
-        }
-        taken
-    }
-
-    /// Starts (or, with `false`, stops and returns) the timeline of replayed CUDA-graph steps,
-    /// launch by launch (`exec::cuda::trace`; the device must have been given
-    /// `Gpu::enable_trace` before the model was made). Empty on the CPU.
-    pub fn cuda_trace(&mut self, on: bool) -> Result<crate::exec::cuda::trace::Timeline> {
-        let (Some(d), Backend::Cuda { gpu, .. }) =
-            (self.device_state.as_mut(), &self.model.backend)
-        else {
-            return Ok(Default::default());
-        };
-        if on {
-            d.start_trace(gpu)?;
-            Ok(Default::default())
-        } else {
-            Ok(d.finish_trace(gpu)?)
-        }
+        self.exec.position()
     }
 
     /// Steps that ran as CUDA-graph replays (0 on the CPU).
     pub fn graph_replays(&self) -> usize {
-        self.device_state.as_ref().map_or(0, |d| d.replays)
-    }
-
-    /// The CPU executor's state (empty for a session on a GPU).
-    pub fn state(&self) -> &SessionState {
-        &self.state
+        self.exec.graph_replays()
     }
 
     /// The longest sequence this session holds: `max_position_embeddings`, bounded by
-    /// `ModelOptions::context_capacity` (`--context`) on every device and, on a GPU, by its
-    /// preallocated caches.
+    /// `ModelOptions::context_capacity` (`--context`) on every device and, where the executor
+    /// preallocates them (a GPU), by its caches.
     pub fn capacity(&self) -> usize {
         self.limit().0
     }
@@ -217,8 +134,8 @@ impl<'m> Session<'m> {
         if let Some(c) = self.model.options().context_capacity {
             bounds.insert(0, (c, Bound::Context));
         }
-        if let Some(d) = &self.device_state {
-            bounds.push((d.capacity, Bound::Device));
+        if let Some(c) = self.exec.capacity() {
+            bounds.push((c, Bound::Device));
         }
         bounds
             .into_iter()
@@ -251,21 +168,8 @@ impl<'m> Session<'m> {
     /// Appends `ids` and returns their logits (all rows, or only the last).
     pub fn prefill(&mut self, ids: &[u32], logits: LogitsMode) -> Result<Logits> {
         let vocab = self.model.plan.vocab_size;
-        let on_gpu =
-            |gpu: &Gpu,
-             program: &Program,
-             weights: &DeviceWeights,
-             state: &mut DeviceState,
-             tokens: &[i64],
-             graphs| {
-                executor::run(gpu, program, weights, state, tokens, graphs)
-                    .map(|(data, rows)| Logits { rows, vocab, data })
-            };
-        self.step(ids, logits, on_gpu, |data, rows| Logits {
-            rows,
-            vocab,
-            data,
-        })
+        let (data, rows) = self.step(ids, logits, |e, program, tokens| e.step(program, tokens))?;
+        Ok(Logits { rows, vocab, data })
     }
 
     /// Appends `ids` and returns the greedy choice of the next token: the first index of the
@@ -277,18 +181,8 @@ impl<'m> Session<'m> {
 
     /// [`Self::greedy`], a NaN logit's error naming `step` of a generation.
     fn greedy_step(&mut self, ids: &[u32], step: Option<usize>) -> Result<u32> {
-        let vocab = self.model.plan.vocab_size;
-        let on_gpu = |gpu: &Gpu,
-                      program: &Program,
-                      weights: &DeviceWeights,
-                      state: &mut DeviceState,
-                      tokens: &[i64],
-                      graphs| {
-            executor::run_greedy(gpu, program, weights, state, tokens, graphs)
-        };
-        let chosen = self.step(ids, LogitsMode::Last, on_gpu, |data, _| {
-            let row = &data[data.len() - vocab..];
-            check_logits(row, false).map(|()| argmax(row))
+        let chosen = self.step(ids, LogitsMode::Last, |e, program, tokens| {
+            e.step_greedy(program, tokens)
         })?;
         chosen.map_err(|bad| self.logits_error(bad, step))
     }
@@ -304,22 +198,13 @@ impl<'m> Session<'m> {
         .into()
     }
 
-    /// One step over `ids`, the program lowered for `logits`: on a GPU, `on_gpu`'s result (an
-    /// executor entry point: the logits, or the greedy id); on the CPU, `on_cpu` of the logits
-    /// and their row count.
+    /// One step over `ids`, the program lowered for `logits`: `run`'s result (an executor entry
+    /// point: the logits, or the greedy id).
     fn step<T>(
         &mut self,
         ids: &[u32],
         logits: LogitsMode,
-        on_gpu: impl FnOnce(
-            &Gpu,
-            &Program,
-            &DeviceWeights,
-            &mut DeviceState,
-            &[i64],
-            bool,
-        ) -> std::result::Result<T, CudaError>,
-        on_cpu: impl FnOnce(Vec<f32>, usize) -> T,
+        run: impl FnOnce(&mut E, &Program, &[i64]) -> Result<T>,
     ) -> Result<T> {
         self.check_tokens(ids)?;
         let phase = if ids.len() == 1 {
@@ -330,29 +215,7 @@ impl<'m> Session<'m> {
         let program = self.model.program(phase, ids.len(), logits)?;
         let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         // Everything a caller can get wrong was checked above; the state changes only from here.
-        Ok(match (&self.model.backend, &mut self.device_state) {
-            (
-                Backend::Cuda {
-                    gpu,
-                    weights,
-                    graphs,
-                    ..
-                },
-                Some(state),
-            ) => on_gpu(
-                gpu,
-                &program,
-                weights,
-                state,
-                &tokens,
-                self.graphs.unwrap_or(*graphs),
-            )?,
-            _ => {
-                let (data, rows) =
-                    cpu::run(&program, &self.model.weights, &mut self.state, &tokens)?;
-                on_cpu(data, rows)
-            }
-        })
+        run(&mut self.exec, &program, &tokens)
     }
 
     /// One token; its logits.

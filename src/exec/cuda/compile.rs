@@ -171,7 +171,9 @@ mod tests {
     #[test]
     fn every_kernel_compiles_when_nvrtc_is_present() {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("NVRTC not found here: kernel compilation is checked on the GPU machine");
+            crate::stderr::line(
+                "NVRTC not found here: kernel compilation is checked on the GPU machine",
+            );
             return;
         }
         for file in super::kernels::files() {

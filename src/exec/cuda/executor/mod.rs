@@ -1,7 +1,7 @@
 //! The CUDA executor: runs the same lowered programs as `exec::cpu`, every op as a kernel on one
-//! stream. Weights are uploaded once ([`DeviceWeights`]); a sequence's state lives on the device
-//! ([`DeviceState`], `Append` states preallocated to a capacity); the step's start position is a
-//! device value that kernels read. Values live in one arena laid out by `memplan`; each segment
+//! stream. Weights are uploaded once ([`DeviceWeights`]); a sequence ([`CudaExecutor`]) keeps its
+//! state on the device (`Append` states preallocated to a capacity); the step's start position is
+//! a device value that kernels read. Values live in one arena laid out by `memplan`; each segment
 //! is captured once as a CUDA graph and replayed. Each node launches the kernels its program
 //! names, and only those ([`Launch::for_node`]).
 
@@ -18,10 +18,12 @@ use super::error::CudaError;
 use super::launch::{self, DeviceMatrix};
 
 mod nodes;
+mod instrument;
 mod record;
 mod single;
 mod weights;
 
+pub use instrument::{HostTimes, Instrumentation, TraceLog};
 use record::*;
 pub use single::run_node;
 pub use weights::DeviceWeights;
@@ -127,61 +129,21 @@ impl StepIo {
 }
 
 /// One sequence's state on the device.
-pub struct DeviceState {
+struct DeviceState {
     bufs: HashMap<String, DevState>,
-    pub position: usize,
+    position: usize,
     /// Rows every `Append` state can hold (the longest context of this session).
-    pub capacity: usize,
+    capacity: usize,
     io: HashMap<GraphKey, StepIo>,
     /// Captured steps, replayed from their second use on (the first runs eagerly: it compiles
     /// and loads kernels and creates the state, none of which may happen during capture).
     graphs: HashMap<GraphKey, Vec<CudaGraph>>,
     /// How many steps ran as graph replays (for tests and reports).
-    pub replays: usize,
-    /// When set, replayed steps time each segment's graph with device events: per segment
-    /// index, (replays timed, milliseconds in all).
-    pub segment_ms: Option<Vec<(usize, f64)>>,
-    /// When set, replayed steps time their host side here ([`HostTimes`]).
-    pub host_times: Option<HostTimes>,
-    /// When set, eager steps time every node with device events and add its time here, by node
-    /// name: (steps timed, seconds). The step is queued behind a spinning kernel, so the events
-    /// time the kernels back to back (as in a graph replay), not the host's launch rate.
-    pub profile: Option<std::collections::BTreeMap<String, (usize, f64)>>,
-    /// Synchronise after every node of an eager step, so that a kernel fault is reported with the
-    /// node and kernel that caused it (slow; for debugging).
-    pub sync_each_node: bool,
-    /// Op kinds whose nodes are launched twice, the second time into the same outputs and
-    /// states: a step's time then grows by those nodes' marginal cost inside a replayed graph
-    /// (`graphrun bench --launch-twice`). For measurement only: where the arena gives a node's
-    /// output the slot of one of its dead inputs, the second launch reads its own output, and a
-    /// stateful node advances its state twice (a recurrence steps twice, a cache row is written
-    /// again), so results may be wrong. Set it with [`DeviceState::set_launch_twice`].
-    launch_twice: Vec<String>,
-    /// Launch kernels with programmatic dependent launch (`exec::cuda::launcher`) on devices
-    /// that have it; off for profiled and node-by-node synchronised steps, whose per-node events
-    /// and waits separate the kernels anyway. Change it with [`DeviceState::set_programmatic_launch`].
-    programmatic_launch: bool,
-    /// With the step timeline on (`Gpu::enable_trace`): the labels of each captured graph's
-    /// launches, in order, and the replays traced since [`DeviceState::start_trace`] (all of
-    /// one step shape).
-    trace_labels: HashMap<GraphKey, Vec<String>>,
-    traced: Option<(Option<GraphKey>, usize)>,
-}
-
-/// Where the host's time goes in replayed steps (seconds in all over `steps`): from entering
-/// [`run`] until the step's graphs are launched (the step's small uploads and the launch calls),
-/// then waiting for the device, then downloading the logits. What a caller measures beyond
-/// their sum is outside the executor (the session, the caller's own work).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct HostTimes {
-    pub steps: usize,
-    pub submit: f64,
-    pub wait: f64,
-    pub download: f64,
+    replays: usize,
 }
 
 impl DeviceState {
-    pub fn new(capacity: usize) -> DeviceState {
+    fn new(capacity: usize) -> DeviceState {
         DeviceState {
             bufs: HashMap::new(),
             position: 0,
@@ -189,62 +151,6 @@ impl DeviceState {
             io: HashMap::new(),
             graphs: HashMap::new(),
             replays: 0,
-            segment_ms: None,
-            host_times: None,
-            profile: None,
-            sync_each_node: false,
-            launch_twice: Vec::new(),
-            programmatic_launch: true,
-            trace_labels: HashMap::new(),
-            traced: None,
-        }
-    }
-
-    /// Starts tracing replayed steps (the device must have the timeline on: `Gpu::enable_trace`).
-    pub fn start_trace(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
-        if !gpu.tracing() {
-            return Err(CudaError::Driver {
-                doing: "tracing replayed steps".into(),
-                msg: "the device's timeline is off (Gpu::enable_trace)".into(),
-            });
-        }
-        gpu.trace_reset()?;
-        self.traced = Some((None, 0));
-        Ok(())
-    }
-
-    /// Stops tracing and returns the timeline of the replayed steps since [`start_trace`]
-    /// (`exec::cuda::trace::timeline`), averaged over them.
-    ///
-    /// [`start_trace`]: DeviceState::start_trace
-    pub fn finish_trace(&mut self, gpu: &Gpu) -> Result<super::trace::Timeline, CudaError> {
-        let (key, replays) = self.traced.take().unwrap_or((None, 0));
-        let records = gpu.trace_records()?;
-        let labels = key
-            .and_then(|k| self.trace_labels.get(&k))
-            .cloned()
-            .unwrap_or_default();
-        super::trace::timeline(&records, &labels, replays).map_err(|msg| CudaError::Driver {
-            doing: "reading the step timeline".into(),
-            msg,
-        })
-    }
-
-    /// Launches the nodes of these op kinds twice from the next step on (see the
-    /// field); captured graphs are captured again.
-    pub fn set_launch_twice(&mut self, kinds: Vec<String>) {
-        if kinds != self.launch_twice {
-            self.launch_twice = kinds;
-            self.graphs.clear();
-        }
-    }
-
-    /// Turns programmatic dependent launch on or off for the next steps; captured graphs hold
-    /// their launches' attributes, so they are captured again.
-    pub fn set_programmatic_launch(&mut self, on: bool) {
-        if on != self.programmatic_launch {
-            self.programmatic_launch = on;
-            self.graphs.clear();
         }
     }
 
@@ -307,55 +213,257 @@ impl ValueShape {
     }
 }
 
-/// Runs one step of `program` for `tokens` (range-checked by the caller); returns the logits
-/// `[rows, vocab]` and their row count. With `graphs`, a step shape seen before is captured as a
-/// CUDA graph once and replayed after; without, every step launches its kernels eagerly. Both
-/// launch the same kernels on the same buffers, so they give the same bits.
-pub fn run(
-    gpu: &Gpu,
-    program: &Program,
-    weights: &DeviceWeights,
-    state: &mut DeviceState,
-    tokens: &[i64],
-    graphs: bool,
-) -> Result<(Vec<f32>, usize), CudaError> {
-    let entered = std::time::Instant::now();
-    let _step = gpu.lock_step();
-    let (key, replayed) = launch_step(gpu, program, weights, state, tokens, graphs)?;
-    let io = &state.io[&key];
-    let data = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
-        gpu.download(&io.logits, "logits")
-    })?;
-    Ok((data, io.logits_rows))
+/// One sequence on a CUDA device: the device and the model's weights on it (shared by every
+/// sequence), the sequence's state, and how its steps launch. With `graphs`, a step shape seen
+/// before is captured as CUDA graphs once and replayed after; without, every step launches its
+/// kernels eagerly. Both launch the same kernels on the same buffers, so they give the same bits.
+pub struct CudaExecutor<'d> {
+    gpu: &'d Gpu,
+    weights: &'d DeviceWeights,
+    state: DeviceState,
+    /// Capture and replay CUDA graphs (off: `--no-graphs`); takes effect at the next step.
+    pub graphs: bool,
+    /// Debugging and measurement settings, and what they measured.
+    pub instrumentation: Instrumentation,
+    /// The `launch_twice` and `programmatic_launch` the state's graphs were captured with: a
+    /// graph holds its launches, so it is captured again when they change.
+    captured_with: (Vec<String>, bool),
 }
 
-/// As [`run`], but only the index of the largest logit of the step's last row comes back
-/// (`runtime::sampling::argmax`'s choice, found on the device), or the first NaN of the row:
-/// a greedy step downloads 8 bytes instead of its row of logits.
-pub fn run_greedy(
-    gpu: &Gpu,
-    program: &Program,
-    weights: &DeviceWeights,
-    state: &mut DeviceState,
-    tokens: &[i64],
-    graphs: bool,
-) -> Result<Result<u32, crate::runtime::sampling::BadLogit>, CudaError> {
-    let entered = std::time::Instant::now();
-    let _step = gpu.lock_step();
-    let (key, replayed) = launch_step(gpu, program, weights, state, tokens, graphs)?;
-    let io = state
-        .io
-        .get_mut(&key)
-        .expect("launch_step prepared the step buffers");
-    let vocab = io.logits.len() / io.logits_rows.max(1);
-    let last = io.logits.slice((io.logits_rows - 1) * vocab..);
-    // A plain launch: what comes before it in the stream is a graph or the step's last node.
-    launch::sampling::argmax_row(&Launch::new(gpu), &mut io.greedy_key, &last)?;
-    let io = &state.io[&key];
-    let key = read_out(gpu, &mut state.host_times, replayed, entered, |gpu| {
-        gpu.download(&io.greedy_key, "the greedy step's key")
-    })?;
-    Ok(launch::sampling::argmax_of(key[0]))
+impl<'d> CudaExecutor<'d> {
+    /// A new sequence whose `Append` states hold `capacity` rows.
+    pub fn new(
+        gpu: &'d Gpu,
+        weights: &'d DeviceWeights,
+        capacity: usize,
+        graphs: bool,
+        instrumentation: Instrumentation,
+    ) -> Self {
+        let captured_with = (
+            instrumentation.launch_twice.clone(),
+            instrumentation.programmatic_launch,
+        );
+        CudaExecutor {
+            gpu,
+            weights,
+            state: DeviceState::new(capacity),
+            graphs,
+            instrumentation,
+            captured_with,
+        }
+    }
+
+    /// Starts tracing replayed steps (the device must have the timeline on: `Gpu::enable_trace`).
+    pub fn start_trace(&mut self) -> Result<(), CudaError> {
+        if !self.gpu.tracing() {
+            return Err(CudaError::Driver {
+                doing: "tracing replayed steps".into(),
+                msg: "the device's timeline is off (Gpu::enable_trace)".into(),
+            });
+        }
+        self.gpu.trace_reset()?;
+        self.instrumentation.trace.traced = Some((None, 0));
+        Ok(())
+    }
+
+    /// Stops tracing and returns the timeline of the replayed steps since [`start_trace`]
+    /// (`exec::cuda::trace::timeline`), averaged over them.
+    ///
+    /// [`start_trace`]: CudaExecutor::start_trace
+    pub fn finish_trace(&mut self) -> Result<super::trace::Timeline, CudaError> {
+        let trace = &mut self.instrumentation.trace;
+        let (key, replays) = trace.traced.take().unwrap_or((None, 0));
+        let records = self.gpu.trace_records()?;
+        let labels = key
+            .and_then(|k| trace.labels.get(&k))
+            .cloned()
+            .unwrap_or_default();
+        super::trace::timeline(&records, &labels, replays).map_err(|msg| CudaError::Driver {
+            doing: "reading the step timeline".into(),
+            msg,
+        })
+    }
+
+    /// Forgets the captured graphs if the launch settings they hold changed since.
+    fn forget_stale_graphs(&mut self) {
+        let i = &self.instrumentation;
+        if i.launch_twice != self.captured_with.0 || i.programmatic_launch != self.captured_with.1 {
+            self.captured_with = (i.launch_twice.clone(), i.programmatic_launch);
+            self.state.graphs.clear();
+        }
+    }
+
+    /// Launches one step of `program` over `tokens` (replaying its captured graphs when it has
+    /// them) and advances the position; returns the step's key and whether it was a replay. The
+    /// result is in the step's logits buffer once the stream reaches it.
+    fn launch_step(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+    ) -> Result<(GraphKey, bool), CudaError> {
+        self.forget_stale_graphs();
+        let (gpu, weights) = (self.gpu, self.weights);
+        let state = &mut self.state;
+        let opts = &mut self.instrumentation;
+        let rows_in = tokens.len();
+        let start = state.position;
+        if start + rows_in > state.capacity {
+            return Err(CudaError::Shape {
+                kernel: "session".into(),
+                msg: format!(
+                    "context of {} tokens exceeds the device state's capacity of {}",
+                    start + rows_in,
+                    state.capacity
+                ),
+            });
+        }
+        state.ensure(gpu, program)?;
+        let key: GraphKey = (program.phase, program.tokens, program.logits);
+        let first_use = !state.io.contains_key(&key);
+        if first_use {
+            if state.io.len() >= MAX_STEP_SHAPES {
+                // Prompts of many lengths would each keep an arena and a graph: forget the
+                // prefill shapes (decode shapes are few and hot).
+                state.io.retain(|k, _| k.0 != Phase::Prefill);
+                state.graphs.retain(|k, _| k.0 != Phase::Prefill);
+            }
+            let io = StepIo::new(gpu, program, rows_in)?;
+            state.io.insert(key, io);
+        }
+        {
+            let io = state.io.get_mut(&key).expect("inserted above");
+            gpu.stream
+                .memcpy_htod(&[start as i64], &mut io.step)
+                .map_err(|e| CudaError::driver("writing the step position", None, e))?;
+            gpu.stream
+                .memcpy_htod(tokens, &mut io.tokens)
+                .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
+        }
+        let graphs = self.graphs && !opts.eager_only();
+        let mut replayed = false;
+        if graphs && state.graphs.contains_key(&key) {
+            // A traced run holds replays of one step shape (refused before anything is
+            // launched, so the session is as it was).
+            if let Some((Some(traced), _)) = opts.trace.traced {
+                if traced != key {
+                    return Err(CudaError::Driver {
+                        doing: "tracing replayed steps".into(),
+                        msg: "the traced steps are of more than one shape".into(),
+                    });
+                }
+            }
+            // One graph per segment; host work between segments would go between these
+            // launches (no op needs any today: `passes::segment`).
+            let timing = opts.segment_ms.is_some();
+            let mut marks = Vec::new();
+            for graph in &state.graphs[&key] {
+                if timing {
+                    marks.push(timing_event(gpu)?);
+                }
+                graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("replaying a CUDA graph", None, e))?;
+            }
+            if timing {
+                marks.push(timing_event(gpu)?);
+                gpu.sync("a timed step")?;
+                let times = opts.segment_ms.as_mut().expect("timing");
+                for (i, ms) in intervals_ms(&marks)?.into_iter().enumerate() {
+                    if times.len() <= i {
+                        times.push((0, 0.0));
+                    }
+                    times[i].0 += 1;
+                    times[i].1 += ms;
+                }
+            }
+            state.replays += 1;
+            replayed = true;
+            if let Some((traced_key, count)) = opts.trace.traced.as_mut() {
+                *traced_key = Some(key);
+                *count += 1;
+            }
+        } else if graphs && !first_use {
+            // Captured segment by segment (see `record_nodes`), then launched in order.
+            gpu.trace_log(true);
+            let captured = record(gpu, program, weights, state, opts, key, true);
+            let labels = gpu.trace_log(false);
+            let captured = captured?;
+            if gpu.tracing() {
+                opts.trace.labels.insert(key, labels);
+            }
+            for graph in &captured {
+                graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("launching a captured CUDA graph", None, e))?;
+            }
+            state.graphs.insert(key, captured);
+            state.replays += 1;
+        } else {
+            record(gpu, program, weights, state, opts, key, false)?;
+        }
+        state.position += rows_in;
+        Ok((key, replayed))
+    }
+}
+
+impl crate::exec::Executor for CudaExecutor<'_> {
+    fn position(&self) -> usize {
+        self.state.position
+    }
+
+    fn capacity(&self) -> Option<usize> {
+        Some(self.state.capacity)
+    }
+
+    fn step(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+    ) -> crate::error::Result<(Vec<f32>, usize)> {
+        let entered = std::time::Instant::now();
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let (key, replayed) = self.launch_step(program, tokens)?;
+        let io = &self.state.io[&key];
+        let host_times = &mut self.instrumentation.host_times;
+        let data = read_out(gpu, host_times, replayed, entered, |gpu| {
+            gpu.download(&io.logits, "logits")
+        })?;
+        Ok((data, io.logits_rows))
+    }
+
+    /// The index of the largest logit of the step's last row (`runtime::sampling::argmax`'s
+    /// choice), or the first NaN of the row, found on the device: a greedy step downloads 8
+    /// bytes instead of its row of logits.
+    fn step_greedy(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+    ) -> crate::error::Result<Result<u32, crate::runtime::sampling::BadLogit>> {
+        let entered = std::time::Instant::now();
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let (key, replayed) = self.launch_step(program, tokens)?;
+        let io = self
+            .state
+            .io
+            .get_mut(&key)
+            .expect("launch_step prepared the step buffers");
+        let vocab = io.logits.len() / io.logits_rows.max(1);
+        let last = io.logits.slice((io.logits_rows - 1) * vocab..);
+        // A plain launch: what comes before it in the stream is a graph or the step's last node.
+        launch::sampling::argmax_row(&Launch::new(gpu), &mut io.greedy_key, &last)?;
+        let io = &self.state.io[&key];
+        let host_times = &mut self.instrumentation.host_times;
+        let key = read_out(gpu, host_times, replayed, entered, |gpu| {
+            gpu.download(&io.greedy_key, "the greedy step's key")
+        })?;
+        Ok(launch::sampling::argmax_of(key[0]))
+    }
+
+    fn graph_replays(&self) -> usize {
+        self.state.replays
+    }
 }
 
 /// Waits for the step, then copies its result to the host with `download`; in replayed steps
@@ -382,115 +490,4 @@ fn read_out<T>(
         t.download += entered.elapsed().as_secs_f64() - waited;
     }
     Ok(data)
-}
-
-/// Launches one step of `program` over `tokens` (replaying its captured graphs when it has
-/// them) and advances the position; returns the step's key and whether it was a replay. The
-/// result is in the step's logits buffer once the stream reaches it.
-fn launch_step(
-    gpu: &Gpu,
-    program: &Program,
-    weights: &DeviceWeights,
-    state: &mut DeviceState,
-    tokens: &[i64],
-    graphs: bool,
-) -> Result<(GraphKey, bool), CudaError> {
-    let rows_in = tokens.len();
-    let start = state.position;
-    if start + rows_in > state.capacity {
-        return Err(CudaError::Shape {
-            kernel: "session".into(),
-            msg: format!(
-                "context of {} tokens exceeds the device state's capacity of {}",
-                start + rows_in,
-                state.capacity
-            ),
-        });
-    }
-    state.ensure(gpu, program)?;
-    let key: GraphKey = (program.phase, program.tokens, program.logits);
-    let first_use = !state.io.contains_key(&key);
-    if first_use {
-        if state.io.len() >= MAX_STEP_SHAPES {
-            // Prompts of many lengths would each keep an arena and a graph: forget the prefill
-            // shapes (decode shapes are few and hot).
-            state.io.retain(|k, _| k.0 != Phase::Prefill);
-            state.graphs.retain(|k, _| k.0 != Phase::Prefill);
-        }
-        let io = StepIo::new(gpu, program, rows_in)?;
-        state.io.insert(key, io);
-    }
-    {
-        let io = state.io.get_mut(&key).expect("inserted above");
-        gpu.stream
-            .memcpy_htod(&[start as i64], &mut io.step)
-            .map_err(|e| CudaError::driver("writing the step position", None, e))?;
-        gpu.stream
-            .memcpy_htod(tokens, &mut io.tokens)
-            .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
-    }
-    let graphs = graphs && !state.sync_each_node && state.profile.is_none();
-    let mut replayed = false;
-    if graphs && state.graphs.contains_key(&key) {
-        // A traced run holds replays of one step shape (refused before anything is launched,
-        // so the session is as it was).
-        if let Some((Some(traced), _)) = state.traced {
-            if traced != key {
-                return Err(CudaError::Driver {
-                    doing: "tracing replayed steps".into(),
-                    msg: "the traced steps are of more than one shape".into(),
-                });
-            }
-        }
-        // One graph per segment; host work between segments would go between these launches
-        // (no op needs any today: `passes::segment`).
-        let timing = state.segment_ms.is_some();
-        let mut marks = Vec::new();
-        for graph in &state.graphs[&key] {
-            if timing {
-                marks.push(timing_event(gpu)?);
-            }
-            graph
-                .launch()
-                .map_err(|e| CudaError::driver("replaying a CUDA graph", None, e))?;
-        }
-        if timing {
-            marks.push(timing_event(gpu)?);
-            gpu.sync("a timed step")?;
-            let times = state.segment_ms.as_mut().expect("timing");
-            for (i, ms) in intervals_ms(&marks)?.into_iter().enumerate() {
-                if times.len() <= i {
-                    times.push((0, 0.0));
-                }
-                times[i].0 += 1;
-                times[i].1 += ms;
-            }
-        }
-        state.replays += 1;
-        replayed = true;
-        if let Some((traced_key, count)) = state.traced.as_mut() {
-            *traced_key = Some(key);
-            *count += 1;
-        }
-    } else if graphs && !first_use {
-        // Captured segment by segment (see `record_nodes`), then launched in order.
-        gpu.trace_log(true);
-        let captured = record(gpu, program, weights, state, key, true);
-        let labels = gpu.trace_log(false);
-        let captured = captured?;
-        if gpu.tracing() {
-            state.trace_labels.insert(key, labels);
-        }
-        for graph in &captured {
-            graph
-                .launch()
-                .map_err(|e| CudaError::driver("launching a captured CUDA graph", None, e))?;
-        }
-        state.graphs.insert(key, captured);
-        state.replays += 1;
-    } else {
-        record(gpu, program, weights, state, key, false)?;
-    }
-    state.position += rows_in;
-    Ok((key, replayed))
 }

@@ -11,6 +11,7 @@ pub(super) fn record(
     program: &Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &mut Instrumentation,
     key: GraphKey,
     capture: bool,
 ) -> Result<Vec<CudaGraph>, CudaError> {
@@ -18,7 +19,7 @@ pub(super) fn record(
         .io
         .remove(&key)
         .expect("run() prepared the step buffers");
-    let result = record_nodes(gpu, program, weights, state, &mut io, capture);
+    let result = record_nodes(gpu, program, weights, state, opts, &mut io, capture);
     let peak = *result.as_ref().map(|(_, peak)| peak).unwrap_or(&0);
     let result = result.map(|(graphs, _)| graphs);
     // After the first run, a scratch buffer for the next ones (before any capture: a captured
@@ -47,6 +48,7 @@ pub(super) fn record_nodes<'p>(
     program: &'p Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &mut Instrumentation,
     io: &mut StepIo,
     capture: bool,
 ) -> Result<(Vec<CudaGraph>, usize), CudaError> {
@@ -76,6 +78,7 @@ pub(super) fn record_nodes<'p>(
             program,
             weights,
             state,
+            opts,
             io,
             &mut values,
             &mut marks,
@@ -99,7 +102,7 @@ pub(super) fn record_nodes<'p>(
             result?;
         }
     }
-    if let Some(profile) = state.profile.as_mut() {
+    if let Some(profile) = opts.profile.as_mut() {
         gpu.sync("a profiled step")?;
         for (node, ms) in program.nodes.iter().zip(intervals_ms(&marks)?) {
             let entry = profile.entry(node.name.clone()).or_insert((0, 0.0));
@@ -118,6 +121,7 @@ pub(super) fn record_segment<'p>(
     program: &'p Program,
     weights: &DeviceWeights,
     state: &mut DeviceState,
+    opts: &Instrumentation,
     io: &mut StepIo,
     values: &mut HashMap<&'p str, DVal>,
     marks: &mut Vec<cudarc::driver::CudaEvent>,
@@ -126,8 +130,8 @@ pub(super) fn record_segment<'p>(
     last: bool,
 ) -> Result<usize, CudaError> {
     let rows_in = io.tokens.len();
-    let profiling = state.profile.is_some();
-    let programmatic = state.programmatic_launch && !state.sync_each_node && !profiling;
+    let profiling = opts.profile.is_some();
+    let programmatic = opts.programmatic_launch && !opts.eager_only();
     let pool = io
         .scratch
         .as_ref()
@@ -193,8 +197,8 @@ pub(super) fn record_segment<'p>(
             }
             Err(e) => result = result.and(Err(e)),
         }
-        if result.is_ok() && state.launch_twice.iter().any(|k| k == node.op.kind()) {
-            // Measurement only (`DeviceState::launch_twice`): the node again, into the same slots.
+        if result.is_ok() && opts.launch_twice.iter().any(|k| k == node.op.kind()) {
+            // Measurement only (`Instrumentation::launch_twice`): the node again, into the same slots.
             let cx = launch(ReadyInputs::NONE);
             match nodes::launch(&cx, &args, &mut bufs) {
                 // The second launch's outputs are in the first's slots; the first's are kept.
@@ -229,7 +233,7 @@ pub(super) fn record_segment<'p>(
         for (name, v) in node.outputs.iter().zip(out) {
             values.insert(name.as_str(), v);
         }
-        if state.sync_each_node {
+        if opts.sync_each_node {
             gpu.sync(&format!(
                 "node `{}` ({} kernels, variant {})",
                 node.name,
