@@ -17,8 +17,8 @@ use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
 use super::launch::{self, DeviceMatrix};
 
-mod nodes;
 mod instrument;
+mod nodes;
 mod record;
 mod single;
 mod weights;
