@@ -46,44 +46,6 @@ impl Val {
     }
 }
 
-/// One sequence on the CPU: the model's weights and the sequence's state.
-pub struct CpuExecutor<'w> {
-    weights: &'w Weights,
-    state: SessionState,
-}
-
-impl<'w> CpuExecutor<'w> {
-    pub fn new(weights: &'w Weights) -> Self {
-        CpuExecutor {
-            weights,
-            state: SessionState::default(),
-        }
-    }
-
-    /// The sequence's state.
-    pub fn state(&self) -> &SessionState {
-        &self.state
-    }
-}
-
-impl super::Executor for CpuExecutor<'_> {
-    fn position(&self) -> usize {
-        self.state.position
-    }
-
-    fn capacity(&self) -> Option<usize> {
-        None
-    }
-
-    fn step(
-        &mut self,
-        program: &Program,
-        tokens: &[i64],
-    ) -> crate::error::Result<(Vec<f32>, usize)> {
-        Ok(run(program, self.weights, &mut self.state, tokens)?)
-    }
-}
-
 /// Runs one step of `program` for `tokens` (already range-checked by the caller) and returns the
 /// logits `[rows, vocab]` with their row count. `state.position` advances by the token count.
 pub fn run(

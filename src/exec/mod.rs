@@ -3,10 +3,11 @@
 //! implement [`Executor`], the one interface the runtime drives a sequence through.
 
 pub mod cpu;
+mod cpu_executor;
 pub mod cuda;
 pub mod state;
 
-pub use cpu::CpuExecutor;
+pub use cpu_executor::CpuExecutor;
 pub use state::SessionState;
 
 use crate::error::Result;

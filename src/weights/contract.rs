@@ -13,9 +13,10 @@ use thiserror::Error;
 use crate::checkpoint::{find_non_finite, Checkpoint, CheckpointError, DType, NonFinite};
 use crate::ir::{Consts, WeightClass, WeightInfo};
 
-use super::causes::{field_mismatches, FieldMismatch};
+use super::causes::{field_mismatches, size_mismatches, FieldMismatch};
 use super::resolve::{resolve, Source};
 use super::{WeightTensor, Weights};
+use crate::plan::ModelPlan;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Problem {
@@ -476,9 +477,53 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
     Ok(weights)
 }
 
+/// Refuses a plan with more layers than the checkpoint in `dir` holds ([`size_mismatches`]),
+/// before anything is built from the count.
+pub fn check_sizes(plan: &ModelPlan, ckpt: &Checkpoint, dir: &str) -> Result<(), ContractError> {
+    let fields = size_mismatches(plan, ckpt);
+    if fields.is_empty() {
+        return Ok(());
+    }
+    Err(ContractError::Sizes {
+        dir: dir.to_string(),
+        fields,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TINY: &str = include_str!("../../tests/data/configs/tiny_flat.json");
+
+    /// Found by the fuzz suite (model-header, seed 1): a tensor renamed to layer 2^64 - 1; the
+    /// refusal names the field, the count and why.
+    #[test]
+    fn more_layers_than_the_checkpoint_holds_are_refused_by_field() {
+        let plan = ModelPlan::from_json_str(TINY, "tiny.json").unwrap();
+        let far = "model.layers.18446744073709551615.x";
+        let ckpt = crate::weights::test_checkpoint("far-sizes", &[far]);
+        let err = check_sizes(&plan, &ckpt, "/m").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "checkpoint /m does not hold the sizes config.json gives:\n  cause: config.json num_hidden_layers = 2, but the checkpoint holds 1 (tensors of 1 distinct layer indices, not 0 to 0)"
+        );
+        let ckpt = crate::weights::test_checkpoint("none-sizes", &["lm_head.weight"]);
+        let err = check_sizes(&plan, &ckpt, "/m").unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "holds 0 (no tensor under model.layers. or model.language_model.layers.)"
+            ),
+            "{err}"
+        );
+        let two = ["model.layers.0.x", "model.layers.1.y"];
+        check_sizes(
+            &plan,
+            &crate::weights::test_checkpoint("two-sizes", &two),
+            "/m",
+        )
+        .unwrap();
+    }
 
     fn missing(i: usize) -> Problem {
         Problem::Missing {

@@ -14,8 +14,8 @@ pub mod resolve;
 
 use std::collections::HashMap;
 
-pub use causes::{check_sizes, FieldMismatch};
-pub use contract::{check_contract, ContractError, NonFiniteTensor, Problem};
+pub use causes::FieldMismatch;
+pub use contract::{check_contract, check_sizes, ContractError, NonFiniteTensor, Problem};
 
 /// One weight, widened to f32.
 #[derive(Debug, Clone, PartialEq)]
