@@ -13,12 +13,14 @@ source "$(dirname "$0")/gpu_env.sh"
 base=${1:?the baseline binary}
 new=${2:?the new binary}
 passes=${3:-2}
+# The bench's shapes (BENCH_ARGS overrides them, e.g. to fit a short device call).
+read -r -a bench_args <<<"${BENCH_ARGS:---layers 8 --contexts 1024,8192 --prefills 2048,8192}"
 # A prompt of 4 ids (a short prefill: its lm head sees one row) and one of 30.
 prompts=("5,6,7,8" "$(seq -s, 3 2 61)")
 {
     echo "# graphrun: two builds compared"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "# command: bash scripts/gpu_compare.sh $base $new $passes"
+    echo "# command: bash scripts/gpu_compare.sh $base $new $passes (bench ${bench_args[*]})"
     echo "# a: $base ($(sha256sum "$base" | cut -c1-12)), b: $new ($(sha256sum "$new" | cut -c1-12))"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     echo "## logits and greedy tokens, bit for bit"
@@ -40,7 +42,7 @@ prompts=("5,6,7,8" "$(seq -s, 3 2 61)")
     for p in $(seq 1 "$passes"); do
         for b in a b; do
             bin=$base; [ $b = b ] && bin=$new
-            "$bin" bench --layers 8 --contexts 1024,8192 --prefills 2048,8192 >"$out/compare-$b$p.log" 2>&1 || echo "bench failed: $bin"
+            "$bin" bench "${bench_args[@]}" >"$out/compare-$b$p.log" 2>&1 || echo "bench failed: $bin"
             echo "### $b pass $p ($bin)"
             grep -E "^ +[0-9]+ +[0-9.]+ +[0-9.]+|greedy decode|dense parts in the replayed graph \(|tok/s|tokens/s" "$out/compare-$b$p.log" | head -14
         done
