@@ -7,7 +7,7 @@
 //!                                         runtime: Model, Session (state), generate ◄── exec::cpu
 //! ```
 //! Modules, in data-flow order: [`plan`], [`ir`], [`lower`] and [`passes`], [`checkpoint`],
-//! [`weights`], [`ops`], [`exec`], [`runtime`]; [`synth`] writes random checkpoints.
+//! [`quant`], [`weights`], [`ops`], [`exec`], [`runtime`]; [`synth`] writes random checkpoints.
 
 pub mod bench;
 pub mod checkpoint;
@@ -18,6 +18,7 @@ pub mod lower;
 pub mod ops;
 pub mod passes;
 pub mod plan;
+pub mod quant;
 pub mod registry;
 pub mod rules;
 pub mod runtime;
