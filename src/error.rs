@@ -12,6 +12,8 @@ pub enum Error {
     #[error(transparent)]
     Contract(#[from] crate::weights::ContractError),
     #[error(transparent)]
+    Quant(#[from] crate::quant::QuantConfigError),
+    #[error(transparent)]
     Lower(#[from] crate::lower::LowerError),
     #[error(transparent)]
     Exec(#[from] crate::exec::cpu::ExecError),

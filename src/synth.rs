@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::ir::{LogitsMode, Phase, WeightClass, WeightInfo};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::plan::{ConfigKind, ModelPlan};
+use crate::quant::nvfp4;
 use crate::weights::{WeightTensor, Weights};
 
 /// A tensor ready to write: checkpoint name, dtype, shape, little-endian bytes.
@@ -52,12 +53,41 @@ impl std::fmt::Display for SynthDtype {
     }
 }
 
+/// How the routed experts are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertFormat {
+    /// Fused banks (`experts.gate_up_proj [E, 2ff, H]`, `experts.down_proj`) in `dtype`: the
+    /// bf16 release's layout.
+    #[default]
+    Fused,
+    /// ModelOpt NVFP4, per expert (`experts.{e}.{gate,up,down}_proj.weight` U8 codes with their
+    /// `weight_scale`, `weight_scale_2` and `input_scale`), with `hf_quant_config.json`: the
+    /// release users run on one GPU. Some scale bytes are E4M3 NaN codes, as such checkpoints
+    /// may hold.
+    Nvfp4,
+}
+
+impl std::str::FromStr for ExpertFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "fused" => Ok(ExpertFormat::Fused),
+            "nvfp4" => Ok(ExpertFormat::Nvfp4),
+            other => Err(format!("{other}: expected fused or nvfp4")),
+        }
+    }
+}
+
 pub struct SynthOptions {
     pub dtype: SynthDtype,
     pub seed: u64,
     /// Largest safetensors file to write (bytes of tensor data).
     pub shard_bytes: usize,
+    pub experts: ExpertFormat,
 }
+
+/// Every this many scale groups of a synthetic NVFP4 matrix holds an E4M3 NaN code.
+const NAN_SCALE_EVERY: usize = 29;
 
 /// Writes `config_text` (which must parse to `plan`) and random weights into `out`.
 pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOptions) -> Result<()> {
@@ -89,6 +119,12 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
             SynthDtype::Bf16 => (DType::BF16, checkpoint::f32_to_bf16_bytes(v)),
             SynthDtype::F16 => (DType::F16, checkpoint::f32_to_f16_bytes(v)),
         };
+        if opts.experts == ExpertFormat::Nvfp4 {
+            if let Some(parts) = nvfp4_experts(&name, w, &values) {
+                tensors.extend(parts);
+                continue;
+            }
+        }
         match (name.strip_suffix("ngram_embedding.weight"), &plan.ple) {
             (Some(base), Some(ple)) => {
                 // torch.chunk: pieces of ceil(rows/parts) rows, the last one shorter.
@@ -111,7 +147,74 @@ pub fn write(plan: &ModelPlan, config_text: &str, out: &Path, opts: &SynthOption
             }
         }
     }
+    if opts.experts == ExpertFormat::Nvfp4 {
+        let quant = serde_json::json!({
+            "producer": {"name": "graphrun synth"},
+            "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}
+        });
+        std::fs::write(out.join("hf_quant_config.json"), quant.to_string()).map_err(io)?;
+    }
     write_files(out, tensors, opts.shard_bytes)
+}
+
+/// A fused expert bank (`...experts.gate_up_proj [E, 2ff, H]` or `...experts.down_proj`) as
+/// ModelOpt's per-expert NVFP4 tensors; `None` for any other weight.
+fn nvfp4_experts(name: &str, w: &WeightInfo, values: &[f32]) -> Option<Vec<Encoded>> {
+    let (base, kinds): (&str, &[&str]) = if let Some(b) = name.strip_suffix("experts.gate_up_proj")
+    {
+        (b, &["gate_proj", "up_proj"])
+    } else if let Some(b) = name.strip_suffix("experts.down_proj") {
+        (b, &["down_proj"])
+    } else {
+        return None;
+    };
+    let [experts, rows, cols] = w.shape[..] else {
+        return None;
+    };
+    let out = rows / kinds.len();
+    let mut tensors = Vec::new();
+    for e in 0..experts {
+        for (k, kind) in kinds.iter().enumerate() {
+            let start = (e * rows + k * out) * cols;
+            let m = &values[start..start + out * cols];
+            // A global scale that is not a power of two, as the release's are.
+            let amax = m.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let global = (amax / (6.0 * 448.0)).max(f32::MIN_POSITIVE) * 1.37;
+            let (codes, mut scales) = nvfp4::quantize(m, out, cols, global);
+            for (g, byte) in scales.iter_mut().enumerate() {
+                if (g + e) % NAN_SCALE_EVERY == NAN_SCALE_EVERY - 1 {
+                    *byte = if g % 2 == 0 { 0x7F } else { 0xFF };
+                }
+            }
+            let stem = format!("{base}experts.{e}.{kind}");
+            let groups = cols / nvfp4::GROUP;
+            tensors.push((
+                format!("{stem}.weight"),
+                DType::U8,
+                vec![out, cols / 2],
+                codes,
+            ));
+            tensors.push((
+                format!("{stem}.weight_scale"),
+                DType::Other("F8_E4M3".into()),
+                vec![out, groups],
+                scales,
+            ));
+            tensors.push((
+                format!("{stem}.weight_scale_2"),
+                DType::F32,
+                vec![],
+                checkpoint::f32_bytes(&[global]),
+            ));
+            tensors.push((
+                format!("{stem}.input_scale"),
+                DType::F32,
+                vec![],
+                checkpoint::f32_bytes(&[1.0]),
+            ));
+        }
+    }
+    Some(tensors)
 }
 
 /// A program of the plan: its weight table is the tensor contract.

@@ -227,6 +227,7 @@ fn synth_checkpoints_load_back() {
                 dtype: SynthDtype::F32,
                 seed: 4,
                 shard_bytes: 64 << 10,
+                experts: Default::default(),
             },
         )
         .unwrap();
@@ -607,6 +608,7 @@ fn synth_f16_loads_and_runs() {
             dtype: SynthDtype::F16,
             seed: 5,
             shard_bytes: 1 << 30,
+            experts: Default::default(),
         },
     )
     .unwrap();

@@ -1568,6 +1568,7 @@ fn many_missing_tensors_are_summarised_with_the_cause() {
         &program.weights,
         &program.consts,
         plan.moe.num_experts,
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -1587,7 +1588,7 @@ fn many_missing_tensors_are_summarised_with_the_cause() {
     assert_eq!(
         lines[22],
         format!(
-            "  ... {} more not shown; by kind: {total} missing, 0 wrong shape, 0 wrong dtype, 0 wrong values, 0 unexpected ({total} in all)",
+            "  ... {} more not shown; by kind: {total} missing, 0 wrong shape, 0 wrong dtype, 0 wrong values, 0 wrong quantisation, 0 unexpected ({total} in all)",
             total - 20
         )
     );
@@ -1616,7 +1617,7 @@ fn many_wrong_dtypes_are_summarised_by_inspect() {
     assert_eq!(stderr.lines().count(), 22, "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "{floats} wrong dtype, 0 wrong values, 0 unexpected ({floats} in all)"
+            "{floats} wrong dtype, 0 wrong values, 0 wrong quantisation, 0 unexpected ({floats} in all)"
         )),
         "{stderr}"
     );

@@ -277,6 +277,7 @@ fn wide_gdn_heads_take_the_unfused_launches() {
         dtype: graphrun::synth::SynthDtype::F32,
         seed: 7,
         shard_bytes: 1 << 30,
+        experts: Default::default(),
     };
     graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
     let gpu = Model::load(&dir, cuda()).unwrap();

@@ -254,6 +254,10 @@ struct SynthArgs {
     /// Largest safetensors file, in MiB.
     #[arg(long, default_value_t = 4096)]
     shard_mib: usize,
+    /// How the routed experts are stored: `fused` banks in --dtype, or ModelOpt `nvfp4` per
+    /// expert (with hf_quant_config.json).
+    #[arg(long, default_value = "fused")]
+    experts: String,
 }
 
 fn parse_ids(raw: &[String]) -> Result<Vec<u32>, Error> {
@@ -484,6 +488,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 model.weights.len(),
                 model.weight_dtype
             ))?;
+            for (format, names) in &model.stored_formats {
+                print_line(&format!(
+                    "checkpoint: {} weight(s) stored as {format} (first: {})",
+                    names.len(),
+                    names.first().map_or("", |n| n.as_str())
+                ))?;
+            }
             if !model.unused_tensors.is_empty() {
                 let shown: Vec<&str> = model
                     .unused_tensors
@@ -509,10 +520,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 .dtype
                 .parse()
                 .map_err(|e| Error::Input(format!("--dtype {e}")))?;
+            let experts: synth::ExpertFormat = a
+                .experts
+                .parse()
+                .map_err(|e| Error::Input(format!("--experts {e}")))?;
             let opts = SynthOptions {
                 dtype,
                 seed: a.seed,
                 shard_bytes: a.shard_mib.max(1) << 20,
+                experts,
             };
             synth::write(&plan, &text, &a.out, &opts)?;
             stderr::line(format_args!(

@@ -127,6 +127,8 @@ pub struct Model {
     pub weight_dtype: String,
     /// Checkpoint tensors the model does not use (`mtp.*`, `model.visual.*`, ...).
     pub unused_tensors: Vec<String>,
+    /// How the checkpoint stores each weight (`bf16`, `nvfp4`...): the weights by format.
+    pub stored_formats: std::collections::BTreeMap<String, Vec<String>>,
     pub backend: Backend,
     /// Why `DeviceChoice::Auto` fell back to the CPU, if it did.
     pub fallback_notice: Option<String>,
@@ -142,6 +144,7 @@ impl Model {
         check_context(&plan, options.context_capacity)?;
         let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
+        let quant = crate::quant::QuantConfig::from_model_dir(dir)?;
         weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;
         let probe = lower::lower(
             &plan,
@@ -154,10 +157,12 @@ impl Model {
             &probe.program.weights,
             &probe.program.consts,
             plan.moe.num_experts,
+            quant.as_ref(),
         )?;
         let weights = weights::contract::load(&ckpt, &resolved)?;
         let device = options.device;
         let mut model = Model::from_parts(plan, graphs, weights, options);
+        model.stored_formats = stored_formats(&ckpt, &resolved);
         model.weight_dtype = resolved.float_dtype;
         model.unused_tensors = resolved.unused;
         model.set_device(device, &probe.program)?;
@@ -166,6 +171,24 @@ impl Model {
 
     /// Moves the model onto `device` (weights uploaded once; bf16 matrices for a bf16 checkpoint).
     fn set_device(&mut self, device: DeviceChoice, program: &Program) -> Result<()> {
+        // The CUDA executor has no NVFP4 kernels yet: its bf16 upload of the widened experts
+        // would round them, a silently different model.
+        if let (Some(banks), DeviceChoice::Cuda | DeviceChoice::Auto) =
+            (self.stored_formats.get("nvfp4"), device)
+        {
+            let why = format!(
+                "{} NVFP4 expert bank(s) (first: {}): the CUDA executor cannot run NVFP4 experts yet",
+                banks.len(),
+                banks[0]
+            );
+            if device == DeviceChoice::Cuda {
+                return Err(Error::Input(format!(
+                    "--device cuda: {why}; use --device cpu"
+                )));
+            }
+            self.fallback_notice = Some(format!("{why}; running on the CPU"));
+            return Ok(());
+        }
         let gpu = match device {
             DeviceChoice::Cpu => return Ok(()),
             DeviceChoice::Cuda => Gpu::new(0)?,
@@ -219,6 +242,7 @@ impl Model {
             weights,
             weight_dtype: "f32".into(),
             unused_tensors: Vec::new(),
+            stored_formats: Default::default(),
             backend: Backend::Cpu,
             fallback_notice: None,
             options,
@@ -281,4 +305,26 @@ fn cuda_backend(
         graphs: !options.no_cuda_graphs,
         instrumentation: options.instrumentation(),
     })
+}
+
+/// The weights of a checked contract by the format the checkpoint stores them in: an NVFP4
+/// matrix among a weight's tensors makes it `nvfp4`, else its first tensor's dtype names it.
+fn stored_formats(
+    ckpt: &Checkpoint,
+    resolved: &weights::contract::Resolved,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (w, source) in &resolved.weights {
+        let tensors = source.tensors();
+        let format = if tensors.iter().any(|t| resolved.nvfp4.contains_key(*t)) {
+            "nvfp4".to_string()
+        } else {
+            tensors
+                .first()
+                .and_then(|t| ckpt.info(t))
+                .map_or_else(|| "?".to_string(), |i| i.dtype.to_string())
+        };
+        out.entry(format).or_default().push(w.name.clone());
+    }
+    out
 }

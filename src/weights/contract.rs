@@ -17,6 +17,8 @@ use super::causes::{field_mismatches, size_mismatches, FieldMismatch};
 use super::resolve::{resolve, Source};
 use super::{WeightTensor, Weights};
 use crate::plan::ModelPlan;
+use crate::quant::nvfp4::Packed;
+use crate::quant::QuantConfig;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Problem {
@@ -45,6 +47,11 @@ pub enum Problem {
     Unexpected {
         tensor: String,
     },
+    /// A quantised tensor, or a malformed quantisation scale: what is wrong with it.
+    Quant {
+        tensor: String,
+        msg: String,
+    },
 }
 
 impl Problem {
@@ -56,16 +63,18 @@ impl Problem {
             Problem::Dtype { .. } => "wrong dtype",
             Problem::BufferValues { .. } => "wrong values",
             Problem::Unexpected { .. } => "unexpected",
+            Problem::Quant { .. } => "wrong quantisation",
         }
     }
 }
 
 /// The kinds in the order the summary counts them.
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 6] = [
     "missing",
     "wrong shape",
     "wrong dtype",
     "wrong values",
+    "wrong quantisation",
     "unexpected",
 ];
 
@@ -100,6 +109,7 @@ impl std::fmt::Display for Problem {
                 show_values(expected)
             ),
             Problem::Unexpected { tensor } => write!(f, "{tensor}: in the checkpoint, but no weight uses it"),
+            Problem::Quant { tensor, msg } => write!(f, "{tensor}: {msg}"),
         }
     }
 }
@@ -207,6 +217,23 @@ pub struct Resolved {
     pub float_dtype: String,
     /// Checkpoint tensors no weight uses (`mtp.*`, `model.visual.*` and anything unexpected).
     pub unused: Vec<String>,
+    /// The NVFP4 matrices among the sources' tensors, by their codes tensor.
+    pub nvfp4: std::collections::BTreeMap<String, Nvfp4Tensors>,
+}
+
+/// The tensors of one NVFP4 matrix `[out, in]` (ModelOpt's layout, `quant::nvfp4`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nvfp4Tensors {
+    /// U8 `[out, in/2]`.
+    pub codes: String,
+    /// F8_E4M3 `[out, in/16]`.
+    pub scale: String,
+    /// F32 `[]`: the per-tensor scale, checked finite and positive.
+    pub global: String,
+    /// F32 `[]`: ModelOpt's static activation scale, if stored (recorded, unused).
+    pub input_scale: Option<String>,
+    pub out: usize,
+    pub inputs: usize,
 }
 
 fn is_float(d: &DType) -> bool {
@@ -220,9 +247,11 @@ pub fn check_contract(
     expected: &[WeightInfo],
     consts: &Consts,
     experts: usize,
+    quant: Option<&QuantConfig>,
 ) -> Result<Resolved, ContractError> {
     let mut problems = Vec::new();
     let mut resolved = Vec::new();
+    let mut nvfp4 = std::collections::BTreeMap::new();
     let mut dtype_counts: std::collections::BTreeMap<String, usize> = Default::default();
     for w in expected {
         let source = match resolve(ckpt, &w.name, experts) {
@@ -242,6 +271,17 @@ pub fn check_contract(
             let info = ckpt
                 .info(tensor)
                 .expect("resolve only returns present tensors");
+            // NVFP4 is read for the routed experts (stored per expert) only.
+            let per_expert = matches!(source, Source::PerExpert { .. });
+            if w.class == WeightClass::Float && info.dtype == DType::U8 && per_expert {
+                match nvfp4_matrix(ckpt, tensor, &info.shape, &want, quant) {
+                    Ok(m) => {
+                        nvfp4.insert(tensor.to_string(), m);
+                    }
+                    Err(mut p) => problems.append(&mut p),
+                }
+                continue;
+            }
             if !want.admits(&info.shape) {
                 problems.push(Problem::Shape {
                     tensor: tensor.to_string(),
@@ -299,8 +339,16 @@ pub fn check_contract(
         }
         resolved.push((w.clone(), source));
     }
-    let used: std::collections::HashSet<&str> =
-        resolved.iter().flat_map(|(_, s)| s.tensors()).collect();
+    let used: std::collections::HashSet<&str> = resolved
+        .iter()
+        .flat_map(|(_, s)| s.tensors())
+        .chain(nvfp4.values().flat_map(|m: &Nvfp4Tensors| {
+            [Some(&m.scale), Some(&m.global), m.input_scale.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|s| s.as_str())
+        }))
+        .collect();
     let unused: Vec<String> = ckpt
         .names()
         .filter(|n| !used.contains(n))
@@ -328,7 +376,120 @@ pub fn check_contract(
         weights: resolved,
         float_dtype,
         unused,
+        nvfp4,
     })
+}
+
+/// The NVFP4 matrix whose codes are the U8 `tensor` of stored shape `stored`, its logical shape
+/// wanted as `want`: its scales found and checked, or every problem with them.
+fn nvfp4_matrix(
+    ckpt: &Checkpoint,
+    tensor: &str,
+    stored: &[usize],
+    want: &Want,
+    quant: Option<&QuantConfig>,
+) -> Result<Nvfp4Tensors, Vec<Problem>> {
+    let problem = |t: &str, msg: String| Problem::Quant {
+        tensor: t.to_string(),
+        msg,
+    };
+    let Some(quant) = quant else {
+        return Err(vec![Problem::Dtype {
+            tensor: tensor.to_string(),
+            expected: "f32, bf16 or f16 (u8 holds NVFP4 codes only where hf_quant_config.json or quantization_config declares NVFP4)",
+            found: "u8".into(),
+        }]);
+    };
+    let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
+    if let Some(pattern) = quant.excludes(module) {
+        return Err(vec![problem(
+            tensor,
+            format!(
+                "quantised, but {} excludes module {module} (pattern `{pattern}`)",
+                quant.origin
+            ),
+        )]);
+    }
+    let (out, half) = match stored {
+        [out, half] => (*out, *half),
+        _ => {
+            return Err(vec![problem(
+                tensor,
+                format!("NVFP4 codes of shape {stored:?}, expected [out, in/2]"),
+            )])
+        }
+    };
+    let inputs = half.saturating_mul(2);
+    if !want.admits(&[out, inputs]) {
+        return Err(vec![Problem::Shape {
+            tensor: format!("{tensor} (NVFP4 codes [{out}, {half}]: [out, in/2])"),
+            expected: want.shown(&[out, inputs]),
+            found: vec![out, inputs],
+        }]);
+    }
+    let mut problems = Vec::new();
+    if inputs % quant.group_size != 0 {
+        problems.push(problem(
+            tensor,
+            format!(
+                "{inputs} inputs are not whole groups of {}",
+                quant.group_size
+            ),
+        ));
+    }
+    let companion = |suffix: &str, dtype: &str, shape: &[&[usize]], problems: &mut Vec<Problem>| {
+        let name = format!("{module}.{suffix}");
+        let Some(info) = ckpt.info(&name) else {
+            return None;
+        };
+        if info.dtype.safetensors_name() != dtype {
+            problems.push(Problem::Dtype {
+                tensor: name.clone(),
+                expected: if dtype == "F32" { "f32" } else { "f8_e4m3" },
+                found: info.dtype.to_string(),
+            });
+        } else if !shape.iter().any(|s| *s == info.shape.as_slice()) {
+            problems.push(Problem::Shape {
+                tensor: name.clone(),
+                expected: shape[0].to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        Some(name)
+    };
+    let groups = inputs / quant.group_size.max(1);
+    let scale = companion("weight_scale", "F8_E4M3", &[&[out, groups]], &mut problems);
+    let global = companion("weight_scale_2", "F32", &[&[], &[1]], &mut problems);
+    let input_scale = companion("input_scale", "F32", &[&[], &[1]], &mut problems);
+    for (name, found) in [("weight_scale", &scale), ("weight_scale_2", &global)] {
+        if found.is_none() {
+            problems.push(Problem::Missing {
+                weight: format!("the NVFP4 scales of {tensor}"),
+                tried: vec![format!("{module}.{name}")],
+            });
+        }
+    }
+    if let (Some(g), true) = (&global, problems.is_empty()) {
+        match ckpt.to_f32(g).map(|v| v.first().copied()) {
+            Ok(Some(v)) if v.is_finite() && v > 0.0 => {}
+            Ok(v) => problems.push(problem(
+                g,
+                format!("global scale {v:?}: must be finite and positive"),
+            )),
+            Err(e) => problems.push(problem(g, e.to_string())),
+        }
+    }
+    match (scale, global, problems.is_empty()) {
+        (Some(scale), Some(global), true) => Ok(Nvfp4Tensors {
+            codes: tensor.to_string(),
+            scale,
+            global,
+            input_scale,
+            out,
+            inputs,
+        }),
+        _ => Err(problems),
+    }
 }
 
 /// The shape one checkpoint tensor of a source must have.
@@ -456,7 +617,10 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
                         .unwrap_or(0);
                     let mut data = Vec::with_capacity(elements);
                     for n in source.tensors() {
-                        data.extend(ckpt.to_f32(n)?);
+                        match resolved.nvfp4.get(n) {
+                            Some(m) => data.extend(dequantize(ckpt, m)?),
+                            None => data.extend(ckpt.to_f32(n)?),
+                        }
                     }
                     data
                 }
@@ -475,6 +639,20 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
         weights.insert(n, t);
     }
     Ok(weights)
+}
+
+/// An NVFP4 matrix in f32 (`quant::nvfp4`: `(e2m1 * e4m3) * global`), as the CPU reference
+/// computes with it.
+fn dequantize(ckpt: &Checkpoint, m: &Nvfp4Tensors) -> Result<Vec<f32>, CheckpointError> {
+    let global = ckpt.to_f32(&m.global)?;
+    let packed = Packed {
+        out: m.out,
+        inputs: m.inputs,
+        codes: ckpt.bytes(&m.codes)?,
+        scales: ckpt.bytes(&m.scale)?,
+        global: global[0],
+    };
+    Ok(packed.dequantize())
 }
 
 /// Refuses a plan with more layers than the checkpoint in `dir` holds ([`size_mismatches`]),
@@ -591,7 +769,7 @@ mod tests {
         assert_eq!(
             lines[lines.len() - 1],
             format!(
-                "  ... {} more not shown; by kind: {n} missing, 1 wrong shape, 1 wrong dtype, 0 wrong values, 1 unexpected ({total} in all)",
+                "  ... {} more not shown; by kind: {n} missing, 1 wrong shape, 1 wrong dtype, 0 wrong values, 0 wrong quantisation, 1 unexpected ({total} in all)",
                 total - MAX_SHOWN
             )
         );

@@ -1,0 +1,328 @@
+//! ModelOpt NVFP4 checkpoints on the CPU: `graphrun synth --experts nvfp4` writes one (per-expert
+//! U8 codes, E4M3 scales with NaN codes among them, f32 global scales, `hf_quant_config.json`);
+//! loading it gives the logits of the same model with each expert matrix replaced by its exact
+//! dequantisation, computed here from the spec's formula; and every malformed piece is refused
+//! by its tensor or file name.
+
+mod common;
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use graphrun::checkpoint::{self, Checkpoint, DType, TensorData};
+use graphrun::ir::LogitsMode;
+use graphrun::plan::ModelPlan;
+use graphrun::runtime::{Model, ModelOptions};
+use graphrun::synth::{self, ExpertFormat, SynthDtype, SynthOptions};
+
+/// The tiny model's config with its routed experts in NVFP4, written to a fresh directory.
+fn nvfp4_checkpoint(tag: &str) -> PathBuf {
+    let text =
+        std::fs::read_to_string(common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let plan = ModelPlan::from_json_str(&text, "tiny").unwrap();
+    let dir = common::temp_dir(tag);
+    let opts = SynthOptions {
+        dtype: SynthDtype::Bf16,
+        seed: 11,
+        shard_bytes: 1 << 30,
+        experts: ExpertFormat::Nvfp4,
+    };
+    synth::write(&plan, &text, &dir, &opts).unwrap();
+    dir
+}
+
+/// The spec's meaning of one NVFP4 weight, written out here independently of `quant::nvfp4`:
+/// `(e2m1(code) * e4m3(scale)) * global`, element 2i in the low nibble, NaN scales as +0.
+fn spec_weight(codes: &[u8], scales: &[u8], global: f32, cols: usize, r: usize, c: usize) -> f32 {
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let byte = codes[r * cols / 2 + c / 2];
+    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+    let magnitude = E2M1[(code & 7) as usize];
+    let value = if code & 8 != 0 { -magnitude } else { magnitude };
+    let s = scales[r * cols / 16 + c / 16];
+    let scale = if s & 0x7F == 0x7F {
+        0.0
+    } else {
+        let (e, m) = (((s >> 3) & 15) as i32, (s & 7) as f32);
+        let v = if e == 0 {
+            m / 8.0 / 64.0
+        } else {
+            (1.0 + m / 8.0) * 2f32.powi(e - 7)
+        };
+        if s & 0x80 != 0 {
+            -v
+        } else {
+            v
+        }
+    };
+    (value * scale) * global
+}
+
+/// The checkpoint rewritten as fused f32 expert banks of the spec's dequantisation (every other
+/// tensor as it is), without `hf_quant_config.json`.
+fn dequantized_copy(dir: &Path, tag: &str) -> PathBuf {
+    let ck = Checkpoint::open_dir(dir).unwrap();
+    let out = common::temp_dir(tag);
+    std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
+    let mut tensors: Vec<TensorData> = Vec::new();
+    let mut banks: std::collections::BTreeMap<String, Vec<(usize, usize, Vec<f32>, usize)>> =
+        Default::default();
+    for name in ck.names() {
+        let info = ck.info(name).unwrap();
+        let Some(stem) = name
+            .strip_suffix(".weight")
+            .filter(|_| info.dtype == DType::U8)
+        else {
+            if name.contains(".experts.") {
+                continue; // the scales, folded in below
+            }
+            tensors.push(TensorData {
+                name: name.to_string(),
+                dtype: info.dtype.clone(),
+                shape: info.shape.clone(),
+                bytes: Cow::Owned(ck.bytes(name).unwrap().to_vec()),
+            });
+            continue;
+        };
+        // `{base}experts.{e}.{kind}`
+        let (base, rest) = stem.split_once("experts.").unwrap();
+        let (e, kind) = rest.split_once('.').unwrap();
+        let (rows, cols) = (info.shape[0], info.shape[1] * 2);
+        let codes = ck.bytes(name).unwrap();
+        let scales = ck.bytes(&format!("{stem}.weight_scale")).unwrap();
+        let global = ck.to_f32(&format!("{stem}.weight_scale_2")).unwrap()[0];
+        let mut w = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                w.push(spec_weight(codes, scales, global, cols, r, c));
+            }
+        }
+        let fused = match kind {
+            "gate_proj" | "up_proj" => format!("{base}experts.gate_up_proj"),
+            _ => format!("{base}experts.down_proj"),
+        };
+        let part = usize::from(kind == "up_proj");
+        banks
+            .entry(fused)
+            .or_default()
+            .push((e.parse().unwrap(), part, w, cols));
+    }
+    for (name, mut parts) in banks {
+        parts.sort_by_key(|(e, part, ..)| (*e, *part));
+        let experts = parts.iter().map(|p| p.0).max().unwrap() + 1;
+        let cols = parts[0].3;
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.2.iter().copied()).collect();
+        let rows = data.len() / experts / cols;
+        tensors.push(TensorData {
+            name,
+            dtype: DType::F32,
+            shape: vec![experts, rows, cols],
+            bytes: Cow::Owned(checkpoint::f32_bytes(&data)),
+        });
+    }
+    checkpoint::write_safetensors(&out.join("model.safetensors"), &tensors, None).unwrap();
+    out
+}
+
+#[test]
+fn an_nvfp4_checkpoint_computes_with_its_exact_dequantisation() {
+    let dir = nvfp4_checkpoint("nvfp4-exact");
+    let ck = Checkpoint::open_dir(&dir).unwrap();
+    // The synthetic checkpoint holds NaN scale bytes, so the convention is exercised.
+    let nan_scales = ck
+        .names()
+        .filter(|n| n.ends_with(".weight_scale"))
+        .map(|n| {
+            ck.bytes(n)
+                .unwrap()
+                .iter()
+                .filter(|&&b| b & 0x7F == 0x7F)
+                .count()
+        })
+        .sum::<usize>();
+    assert!(
+        nan_scales > 0,
+        "no NaN scale byte in the synthetic checkpoint"
+    );
+    let reference = dequantized_copy(&dir, "nvfp4-exact-ref");
+    let prompt = [5u32, 6, 7, 8, 9, 10, 11];
+    let nv = Model::load(&dir, ModelOptions::default()).unwrap();
+    // Every routed-expert bank (gate_up and down of each layer) is reported as NVFP4.
+    let layers = nv.plan.num_layers;
+    assert_eq!(
+        nv.stored_formats["nvfp4"].len(),
+        2 * layers,
+        "{:?}",
+        nv.stored_formats
+    );
+    assert!(nv.stored_formats["nvfp4"]
+        .iter()
+        .all(|n| n.contains(".mlp.experts.")));
+    let f32_model = Model::load(&reference, ModelOptions::default()).unwrap();
+    let a = nv.session().prefill(&prompt, LogitsMode::All).unwrap();
+    let b = f32_model
+        .session()
+        .prefill(&prompt, LogitsMode::All)
+        .unwrap();
+    assert_eq!(a.data.len(), b.data.len());
+    let differing = a
+        .data
+        .iter()
+        .zip(&b.data)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differing, 0, "logits differ from the dequantised model's");
+}
+
+/// The checkpoint of `dir` written again with `edit` applied to its tensor list.
+fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<TensorData<'static>>)) {
+    let ck = Checkpoint::open_dir(dir).unwrap();
+    let mut tensors: Vec<TensorData<'static>> = ck
+        .names()
+        .map(|n| {
+            let info = ck.info(n).unwrap();
+            TensorData {
+                name: n.to_string(),
+                dtype: info.dtype.clone(),
+                shape: info.shape.clone(),
+                bytes: Cow::Owned(ck.bytes(n).unwrap().to_vec()),
+            }
+        })
+        .collect();
+    drop(ck);
+    edit(&mut tensors);
+    checkpoint::write_safetensors(&dir.join("model.safetensors"), &tensors, None).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    match Model::load(dir, ModelOptions::default()) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+const EXPERT: &str = "model.layers.0.mlp.experts.1.up_proj";
+
+fn find<'a>(tensors: &'a mut [TensorData<'static>], name: &str) -> &'a mut TensorData<'static> {
+    tensors.iter_mut().find(|t| t.name == name).unwrap()
+}
+
+#[test]
+fn malformed_nvfp4_pieces_are_refused_by_name() {
+    let cases: Vec<(&str, Box<dyn FnOnce(&Path)>, String)> = vec![
+        (
+            "nvfp4-no-scale",
+            Box::new(|d| rewrite(d, |t| t.retain(|x| x.name != format!("{EXPERT}.weight_scale")))),
+            format!("missing the NVFP4 scales of {EXPERT}.weight (looked for: {EXPERT}.weight_scale)"),
+        ),
+        (
+            "nvfp4-scale-dtype",
+            Box::new(|d| {
+                rewrite(d, |t| {
+                    let s = find(t, &format!("{EXPERT}.weight_scale"));
+                    s.dtype = DType::U8;
+                })
+            }),
+            format!("{EXPERT}.weight_scale: dtype u8, expected f8_e4m3"),
+        ),
+        (
+            "nvfp4-scale-shape",
+            Box::new(|d| {
+                rewrite(d, |t| {
+                    let s = find(t, &format!("{EXPERT}.weight_scale"));
+                    let n = s.shape[0] * s.shape[1];
+                    s.shape = vec![n];
+                })
+            }),
+            format!("{EXPERT}.weight_scale: shape"),
+        ),
+        (
+            "nvfp4-negative-global",
+            Box::new(|d| {
+                rewrite(d, |t| {
+                    let s = find(t, &format!("{EXPERT}.weight_scale_2"));
+                    s.bytes = Cow::Owned(checkpoint::f32_bytes(&[-0.5]));
+                })
+            }),
+            format!("{EXPERT}.weight_scale_2: global scale Some(-0.5): must be finite and positive"),
+        ),
+        (
+            "nvfp4-nan-global",
+            Box::new(|d| {
+                rewrite(d, |t| {
+                    let s = find(t, &format!("{EXPERT}.weight_scale_2"));
+                    s.bytes = Cow::Owned(checkpoint::f32_bytes(&[f32::NAN]));
+                })
+            }),
+            format!("{EXPERT}.weight_scale_2: global scale Some(NaN)"),
+        ),
+        (
+            "nvfp4-excluded",
+            Box::new(|d| {
+                let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "*.experts.1.*"]}}"#;
+                std::fs::write(d.join("hf_quant_config.json"), q).unwrap();
+            }),
+            format!("{EXPERT}.weight: quantised, but "),
+        ),
+        (
+            "nvfp4-undeclared",
+            Box::new(|d| std::fs::remove_file(d.join("hf_quant_config.json")).unwrap()),
+            format!("{EXPERT}.weight: dtype u8, expected f32, bf16 or f16 (u8 holds NVFP4 codes only where hf_quant_config.json"),
+        ),
+        (
+            "nvfp4-unknown-algo",
+            Box::new(|d| {
+                let q = r#"{"quantization": {"quant_algo": "W4A16_AWQ"}}"#;
+                std::fs::write(d.join("hf_quant_config.json"), q).unwrap();
+            }),
+            "hf_quant_config.json: quant_algo \"W4A16_AWQ\" is not supported".to_string(),
+        ),
+        (
+            "nvfp4-group-size",
+            Box::new(|d| {
+                let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}"#;
+                std::fs::write(d.join("hf_quant_config.json"), q).unwrap();
+            }),
+            "group_size 32: NVFP4 scales groups of 16 inputs".to_string(),
+        ),
+    ];
+    for (tag, break_it, want) in cases {
+        let dir = nvfp4_checkpoint(tag);
+        break_it(&dir);
+        let err = load_error(&dir);
+        assert!(err.contains(&want), "{tag}: {err}\n(wanted: {want})");
+    }
+}
+
+/// Until the CUDA executor has NVFP4 kernels, a CUDA load is refused (a bf16 upload of the
+/// widened experts would be another model) and `auto` runs on the CPU and says why.
+#[test]
+fn nvfp4_experts_are_refused_on_cuda_for_now() {
+    use graphrun::runtime::DeviceChoice;
+    let dir = nvfp4_checkpoint("nvfp4-cuda");
+    let cuda = ModelOptions {
+        device: DeviceChoice::Cuda,
+        ..Default::default()
+    };
+    let err = load_error_with(&dir, cuda);
+    assert!(
+        err.contains("--device cuda: 8 NVFP4 expert bank(s)") && err.contains("use --device cpu"),
+        "{err}"
+    );
+    let auto = ModelOptions {
+        device: DeviceChoice::Auto,
+        ..Default::default()
+    };
+    let model = Model::load(&dir, auto).unwrap();
+    assert!(model
+        .fallback_notice
+        .unwrap()
+        .contains("running on the CPU"));
+}
+
+fn load_error_with(dir: &Path, options: ModelOptions) -> String {
+    match Model::load(dir, options) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
