@@ -257,6 +257,22 @@ fn malformed_nvfp4_pieces_are_refused_by_name() {
             format!("{EXPERT}.weight_scale_2: global scale Some(NaN)"),
         ),
         (
+            "nvfp4-mixed-bank",
+            Box::new(|d| {
+                rewrite(d, |t| {
+                    // Expert 1's up projection as a bf16 matrix, its scales gone.
+                    t.retain(|x| !x.name.starts_with(&format!("{EXPERT}.weight_")));
+                    t.retain(|x| x.name != format!("{EXPERT}.input_scale"));
+                    let codes = find(t, &format!("{EXPERT}.weight"));
+                    let (rows, cols) = (codes.shape[0], codes.shape[1] * 2);
+                    codes.dtype = DType::BF16;
+                    codes.shape = vec![rows, cols];
+                    codes.bytes = Cow::Owned(checkpoint::f32_to_bf16_bytes(&vec![0.5; rows * cols]));
+                })
+            }),
+            format!("{EXPERT}.weight: stored as bf16, but "),
+        ),
+        (
             "nvfp4-excluded",
             Box::new(|d| {
                 let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "*.experts.1.*"]}}"#;

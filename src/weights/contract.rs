@@ -304,6 +304,25 @@ pub fn check_contract(
                 WeightClass::I64 => {}
             }
         }
+        if let Source::PerExpert { parts } = &source {
+            // One bank is one format: the kernels read a bank as all NVFP4 or all float.
+            let tensors: Vec<&String> = parts.iter().flatten().collect();
+            let packed = tensors
+                .iter()
+                .filter(|t| nvfp4.contains_key(t.as_str()))
+                .count();
+            let codes = |t: &&&String| ckpt.info(t).is_some_and(|i| i.dtype == DType::U8);
+            if let Some(float) = tensors.iter().find(|t| !codes(t)).filter(|_| packed > 0) {
+                let first = tensors.iter().find(|t| codes(t)).expect("some are packed");
+                problems.push(Problem::Quant {
+                    tensor: float.to_string(),
+                    msg: format!(
+                        "stored as {}, but {first} of the same bank is NVFP4: a bank is one format",
+                        ckpt.info(float).map_or("?".into(), |i| i.dtype.to_string())
+                    ),
+                });
+            }
+        }
         if let Source::Shards(shards) = &source {
             // Each shard's own width was checked above; here the row blocks must add up.
             let rows: usize = shards
