@@ -45,7 +45,7 @@ const REAL_INDEXER: IndexerShape = IndexerShape {
 #[test]
 fn rope_matches_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
     // (rows, heads, head_dim, rot, theta, start): tiny; the real attention q/k and indexer q at
     // ~3000 tokens and near 256k tokens (large angles), one decode row.
@@ -83,7 +83,7 @@ fn rope_matches_the_cpu_reference() {
 #[test]
 fn norm_rope_matches_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
     let eps = 1e-6;
     // (rows, heads, head_dim, rot, theta, start, weight per row channel)
@@ -428,7 +428,7 @@ fn run_steps(gpu: &Launch, g: &Geometry, seed: u64) {
 #[test]
 fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     // iD 8, block 2, budget 4 (2 blocks kept), heads 4/2, hd 16: rows are sparse from position 5
     // (visible 6, 3 complete blocks) on. The steps split blocks across steps (odd starts).
     let g = Geometry {
@@ -486,7 +486,7 @@ fn qsa_steps_match_the_cpu_reference_at_tiny_shapes() {
 #[test]
 fn qsa_steps_match_the_cpu_reference_at_real_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     // 24 q heads / 2 kv heads of 256, rot 64, theta 1e7; indexer 4 heads x 128, rot 64, block 4,
     // budget 2048 (512 blocks kept: rows from position 2051 on are sparse). A first step fills the
     // caches for positions 0..2990, then a 64-token prefill and a decode at ~3000 tokens.
@@ -533,7 +533,7 @@ fn steps_from(plan: &[(usize, usize)]) -> Vec<(usize, usize)> {
 #[test]
 fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let steps = steps_from(&[(0, 10)]); // to position 39
     let base = Geometry {
         name: "split-tiny",
@@ -619,7 +619,7 @@ fn attention_split_matches_the_cpu_reference_at_tiny_shapes() {
 #[test]
 fn attention_split_matches_the_cpu_reference_at_real_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     // Dense 1000..1036, across the boundary 2040..2082 (sparse from 2051), sparse 2990..3062.
     let steps = steps_from(&[(1000, 8), (2040, 11), (2990, 16)]);
     let g = Geometry {
@@ -857,7 +857,7 @@ fn run_gated_steps(gpu: &Launch, c: &GatedCase, seed: u64) {
 #[test]
 fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let shape = |heads, kv_heads, head_dim, rotary_dim, block| GatedAttentionShape {
         heads,
         kv_heads,
@@ -962,7 +962,7 @@ fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_tiny_shapes() {
 #[test]
 fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let c = GatedCase {
         name: "gated-real",
         shape: GatedAttentionShape {
@@ -995,7 +995,7 @@ fn gated_attention_matches_the_cpu_and_the_unfused_kernels_at_real_shapes() {
 #[test]
 fn indexer_select_at_256k_context() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x256);
     let s = REAL_INDEXER;
     let (capacity, eps, theta) = (262_144usize, 1e-6f32, 1e7);
@@ -1343,7 +1343,7 @@ const ROWS_1_3_8_64: [(usize, Queries); 8] = [
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let shapes = [
         (2, 8, 4, 4, 2),
         (3, 8, 8, 9, 3),
@@ -1382,7 +1382,7 @@ fn indexer_select_matches_the_cpu_reference_at_tiny_shapes() {
 #[test]
 fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let s = REAL_INDEXER;
     let boundary = [
         (8, Queries::Random),
@@ -1411,7 +1411,7 @@ fn indexer_select_matches_the_cpu_reference_at_real_shapes() {
 #[test]
 fn indexer_select_qk_matches_the_unfused_chain() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     for (i, (heads, head_dim, rotary_dim, budget, block)) in
         [(2, 8, 4, 4, 2), (5, 12, 6, 40, 4), (1, 6, 4, 6, 2)]
             .into_iter()
@@ -1450,7 +1450,7 @@ fn indexer_select_qk_matches_the_unfused_chain() {
 #[test]
 fn shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
     let step = gpu.upload(&[0i64], "step").unwrap();
     let Err(err) = attn::rope(&gpu, &x, 2, &step, 16, 7, 1e4) else {
@@ -1519,7 +1519,7 @@ fn shape_errors_name_the_kernel() {
 #[ignore = "timings, run by hand on the GPU machine"]
 fn timings_at_8k_and_256k_context() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x7173);
     let s = REAL_INDEXER;
     let (heads, kv_heads, hd) = (24usize, 2usize, 256usize);

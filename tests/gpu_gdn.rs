@@ -30,7 +30,7 @@ fn down(gpu: &Launch, s: &CudaSlice<f32>) -> Vec<f32> {
 #[test]
 fn causal_conv_matches_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0xc0a7);
     let mut report = Report(Vec::new());
     // (width, kernel, dilation): tiny; odd width with kernel 3, dilation 2; 9 taps (more than
@@ -218,7 +218,7 @@ fn causal_conv_matches_the_cpu_reference() {
 #[test]
 fn gdn_gates_match_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x6a7e);
     let mut report = Report(Vec::new());
     // Tiny, and the real 48 value heads at decode and prefill. `a` spans ±25 so that a + dt_bias
@@ -286,7 +286,7 @@ fn recurrence_inputs(
 #[test]
 fn gdn_recurrence_matches_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x9d17);
     let mut report = Report(Vec::new());
     let shapes = [
@@ -447,7 +447,7 @@ fn gdn_recurrence_matches_the_cpu_reference() {
 #[test]
 fn gdn_normed_recurrence_matches_the_cpu_composition() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x4e0a);
     let mut report = Report(Vec::new());
     let eps = 1e-6f32;
@@ -547,7 +547,7 @@ fn gdn_normed_recurrence_matches_the_cpu_composition() {
 #[test]
 fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0xc0f5);
     let mut report = Report(Vec::new());
     let eps = 1e-6f32;
@@ -709,7 +709,7 @@ fn gdn_conv_normed_recurrence_matches_the_cpu_and_the_unfused_kernels() {
 #[test]
 fn gdn_shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 32], "x").unwrap();
     let w = gpu.upload(&[1.0f32; 16 * 4], "w").unwrap();
     // Window for kernel 4, dilation 1 needs 3 rows of 16; give 2.

@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 #[test]
 fn kernels_match_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     println!(
         "device: {} (sm_{}{}), {} GiB",
         gpu.info.name,
@@ -635,7 +635,7 @@ fn kernels_match_the_cpu_reference() {
 #[test]
 fn shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 10], "x").unwrap();
     let w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let err = launch::linear_rows(&gpu, &x, &w, 1, 2048, 3).expect_err("a shape error");
@@ -658,7 +658,7 @@ fn shape_errors_name_the_kernel() {
 #[test]
 fn device_argmax_is_the_samplers_choice() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     use graphrun::exec::cuda::launch::sampling::{argmax_index, argmax_of, argmax_row};
     use graphrun::runtime::sampling::{argmax, check_logits};
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
@@ -722,7 +722,7 @@ fn every_kernel_the_programs_name_exists_and_loads() {
     use graphrun::plan::ModelPlan;
     use graphrun::registry::WeightFormat;
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let graphs = GraphSet::embedded().unwrap();
     let mut names = std::collections::BTreeSet::new();
     for config in [

@@ -55,7 +55,7 @@ const STREAM_SHAPES: [(usize, usize, usize); 6] = [
 #[test]
 fn layout_kernels_match_the_cpu_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     println!(
         "device: {} (sm_{}{}), {} GiB",
         gpu.info.name,
@@ -454,7 +454,7 @@ fn ple_mix_unfused(
 #[test]
 fn ple_mix_matches_the_cpu_reference_over_steps() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x91e);
     let mut report = Report(Vec::new());
     let get = |y: &CudaSlice<f32>| gpu.download(y, "y").unwrap();
@@ -562,7 +562,7 @@ fn ple_mix_matches_the_cpu_reference_over_steps() {
 #[test]
 fn layout_shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 12], "x").unwrap();
     let f32_w = DeviceMatrix::F32(gpu.upload(&[1.0f32; 12], "w").unwrap());
     let bf16_w = DeviceMatrix::Bf16(gpu.upload(&[0u16; 12], "w").unwrap());

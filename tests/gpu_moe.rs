@@ -187,7 +187,7 @@ fn check_router(gpu: &Launch, what: &str, l: &[f32], rows: usize, experts: usize
 #[test]
 fn router_matches_the_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
     // (rows, experts, top_k): tiny (one warp); not a multiple of 32 (a padded chunk); chunk
     // counts not a power of two; the real 512/10 at decode, at 3, 8, 64 rows and a prefill;
@@ -244,7 +244,7 @@ fn router_matches_the_reference() {
 #[test]
 fn router_shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let l = gpu.upload(&[0.0f32; 16], "logits").unwrap();
     for (rows, experts, k) in [(2, 8, 9), (3, 8, 2), (1, 16, 0)] {
         for form in [RouterKernel::Narrow, RouterKernel::Wide] {
@@ -352,7 +352,7 @@ fn bad_id_poisons_only_its_row(
 #[test]
 fn experts_match_the_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
     let mut rows_form = 0;
     // (experts, hidden, intermediate, top_k, row counts): odd sizes (no 16-byte loads: the
@@ -505,7 +505,7 @@ fn experts_match_the_reference() {
 #[test]
 fn experts_expert_major_match_the_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0004);
     for (experts, hidden, inter, k, row_counts) in [
         (5, 37, 13, 3, &[1, 3, 8, 64][..]),
@@ -625,7 +625,7 @@ fn experts_expert_major_match_the_reference() {
 #[test]
 fn experts_shape_errors_name_the_kernel() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let x = gpu.upload(&[1.0f32; 8], "x").unwrap();
     let ids = gpu.upload(&[0i64; 2], "ids").unwrap();
     let w = gpu.upload(&[0.5f32; 2], "w").unwrap();
@@ -796,7 +796,7 @@ fn prefix_sums(sizes: &[i64]) -> Vec<i64> {
 #[test]
 fn ngram_ids_match_the_reference() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
 
     // The spec's tiny test vector (computed by transformers).
     let tiny = Ngram::tiny();
@@ -894,7 +894,7 @@ impl Ngram {
 #[test]
 fn ple_embed_matches_the_reference_over_steps() {
     let Some(device) = gpu_or_skip() else { return };
-    let gpu = &Launch::new(&device);
+    let gpu = Launch::new(&device);
     let mut rng = ChaCha8Rng::seed_from_u64(0x91e_e3bd);
     let real = Ngram::real();
     let mut configs = vec![(Ngram::tiny(), 8usize)];

@@ -36,7 +36,11 @@ fn nvfp4_checkpoint(tag: &str) -> PathBuf {
 fn spec_weight(codes: &[u8], scales: &[u8], global: f32, cols: usize, r: usize, c: usize) -> f32 {
     const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     let byte = codes[r * cols / 2 + c / 2];
-    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+    let code = if c.is_multiple_of(2) {
+        byte & 15
+    } else {
+        byte >> 4
+    };
     let magnitude = E2M1[(code & 7) as usize];
     let value = if code & 8 != 0 { -magnitude } else { magnitude };
     let s = scales[r * cols / 16 + c / 16];
@@ -65,8 +69,9 @@ fn dequantized_copy(dir: &Path, tag: &str) -> PathBuf {
     let out = common::temp_dir(tag);
     std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
     let mut tensors: Vec<TensorData> = Vec::new();
-    let mut banks: std::collections::BTreeMap<String, Vec<(usize, usize, Vec<f32>, usize)>> =
-        Default::default();
+    // Per fused bank: (expert, 0 gate / 1 up, the matrix, its columns).
+    type Part = (usize, usize, Vec<f32>, usize);
+    let mut banks: std::collections::BTreeMap<String, Vec<Part>> = Default::default();
     for name in ck.names() {
         let info = ck.info(name).unwrap();
         let Some(stem) = name
@@ -195,10 +200,7 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<TensorData<'static>>)) {
 }
 
 fn load_error(dir: &Path) -> String {
-    match Model::load(dir, ModelOptions::default()) {
-        Ok(_) => panic!("{} loaded", dir.display()),
-        Err(e) => e.to_string(),
-    }
+    load_error_with(dir, ModelOptions::default())
 }
 
 const EXPERT: &str = "model.layers.0.mlp.experts.1.up_proj";
@@ -209,7 +211,9 @@ fn find<'a>(tensors: &'a mut [TensorData<'static>], name: &str) -> &'a mut Tenso
 
 #[test]
 fn malformed_nvfp4_pieces_are_refused_by_name() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&Path)>, String)> = vec![
+    // (directory tag, how the checkpoint is broken, what the refusal must say)
+    type Case = (&'static str, Box<dyn FnOnce(&Path)>, String);
+    let cases: Vec<Case> = vec![
         (
             "nvfp4-no-scale",
             Box::new(|d| rewrite(d, |t| t.retain(|x| x.name != format!("{EXPERT}.weight_scale")))),

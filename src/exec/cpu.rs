@@ -96,16 +96,16 @@ pub struct NodeRecord {
 }
 
 /// Runs one step and records every node's inputs, outputs and states (for the nodes `want`
-/// accepts; the others run unrecorded).
+/// accepts by their place in the program; the others run unrecorded).
 pub fn record_step(
     program: &Program,
     weights: &Weights,
     state: &mut SessionState,
     tokens: &[i64],
-    want: &dyn Fn(&Node) -> bool,
+    want: &dyn Fn(usize) -> bool,
 ) -> Result<Vec<NodeRecord>, ExecError> {
     let mut records = Vec::new();
-    let mut observe = |r: &Observed| records.push(r.to_owned());
+    let mut observe = |r: &Observed| records.push(r.to_record());
     run_observed(
         program,
         weights,
@@ -128,7 +128,7 @@ struct Observed<'a> {
 }
 
 impl Observed<'_> {
-    fn to_owned(&self) -> NodeRecord {
+    fn to_record(&self) -> NodeRecord {
         NodeRecord {
             index: self.index,
             start: self.start,
@@ -141,7 +141,7 @@ impl Observed<'_> {
 }
 
 /// What a recording step reports to: the nodes wanted, and where each one's launch goes.
-type Observer<'o> = (&'o dyn Fn(&Node) -> bool, &'o mut dyn FnMut(&Observed));
+type Observer<'o> = (&'o dyn Fn(usize) -> bool, &'o mut dyn FnMut(&Observed));
 
 /// The step's interpreter loop; `observer` sees the launches of the nodes it wants.
 fn run_observed(
@@ -185,7 +185,7 @@ fn run_observed(
             })
             .collect();
         // The states are copied only for a recorded node.
-        let recorded = observer.as_ref().is_some_and(|(want, _)| want(node));
+        let recorded = observer.as_ref().is_some_and(|(want, _)| want(index));
         let before = if recorded { bufs.clone() } else { Vec::new() };
         let result = exec_node(program, node, &inputs, &ws, &mut bufs, start);
         if let (Ok(outputs), true, Some((_, observe))) = (&result, recorded, observer.as_mut()) {

@@ -456,18 +456,20 @@ fn nvfp4_matrix(
             ),
         ));
     }
-    let companion = |suffix: &str, dtype: &str, shape: &[&[usize]], problems: &mut Vec<Problem>| {
+    // A scale tensor beside the codes, of `dtype` and one of `shape`s (None where absent).
+    let companion = |suffix: &str,
+                     (dtype, shown): (&str, &'static str),
+                     shape: &[&[usize]],
+                     problems: &mut Vec<Problem>| {
         let name = format!("{module}.{suffix}");
-        let Some(info) = ckpt.info(&name) else {
-            return None;
-        };
+        let info = ckpt.info(&name)?;
         if info.dtype.safetensors_name() != dtype {
             problems.push(Problem::Dtype {
                 tensor: name.clone(),
-                expected: if dtype == "F32" { "f32" } else { "f8_e4m3" },
+                expected: shown,
                 found: info.dtype.to_string(),
             });
-        } else if !shape.iter().any(|s| *s == info.shape.as_slice()) {
+        } else if !shape.contains(&info.shape.as_slice()) {
             problems.push(Problem::Shape {
                 tensor: name.clone(),
                 expected: shape[0].to_vec(),
@@ -477,9 +479,11 @@ fn nvfp4_matrix(
         Some(name)
     };
     let groups = inputs / quant.group_size.max(1);
-    let scale = companion("weight_scale", "F8_E4M3", &[&[out, groups]], &mut problems);
-    let global = companion("weight_scale_2", "F32", &[&[], &[1]], &mut problems);
-    let input_scale = companion("input_scale", "F32", &[&[], &[1]], &mut problems);
+    let (e4m3, f32) = (("F8_E4M3", "f8_e4m3"), ("F32", "f32"));
+    let scalar: &[&[usize]] = &[&[], &[1]];
+    let scale = companion("weight_scale", e4m3, &[&[out, groups]], &mut problems);
+    let global = companion("weight_scale_2", f32, scalar, &mut problems);
+    let input_scale = companion("input_scale", f32, scalar, &mut problems);
     for (name, found) in [("weight_scale", &scale), ("weight_scale_2", &global)] {
         if found.is_none() {
             problems.push(Problem::Missing {

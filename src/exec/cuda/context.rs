@@ -128,15 +128,6 @@ impl<'g> Launch<'g> {
         self
     }
 
-    pub fn gpu(&self) -> &'g Gpu {
-        self.gpu
-    }
-
-    /// The node being launched ("" for a plain launch).
-    pub fn node(&self) -> &str {
-        self.node
-    }
-
     pub fn programmatic_launch(&self) -> bool {
         self.programmatic
     }

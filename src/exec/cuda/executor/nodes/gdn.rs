@@ -68,15 +68,7 @@ pub(super) fn launch(
         }
         Op::GdnNormedRecurrence { value_dim, .. } => {
             let shape = GdnShape::of(&a.node.op).expect("a recurrence op");
-            let n = Normed {
-                b: a.f32(1),
-                a: a.f32(2),
-                z: a.f32(3),
-                a_log: a.vector(0)?,
-                dt_bias: a.vector(1)?,
-                norm_w: a.vector(2)?,
-                value_dim: *value_dim,
-            };
+            let n = Normed::of(a, 0, *value_dim)?;
             let st = f32_state(&mut states[0]);
             match a.variant() {
                 "fused" => gdn::gdn_normed_recurrence(
@@ -103,15 +95,7 @@ pub(super) fn launch(
         } => {
             let shape = GdnShape::of(&a.node.op).expect("a recurrence op");
             let conv_w = a.vector(0)?;
-            let n = Normed {
-                b: a.f32(1),
-                a: a.f32(2),
-                z: a.f32(3),
-                a_log: a.vector(1)?,
-                dt_bias: a.vector(2)?,
-                norm_w: a.vector(3)?,
-                value_dim: *value_dim,
-            };
+            let n = Normed::of(a, 1, *value_dim)?;
             // The states in the fused node's order: the conv's window, then the recurrence's.
             let [window, st] = states else {
                 unreachable!("the fused node carries the conv's and the recurrence's states")
@@ -163,6 +147,22 @@ struct Normed<'a> {
     dt_bias: &'a CudaSlice<f32>,
     norm_w: &'a CudaSlice<f32>,
     value_dim: usize,
+}
+
+impl<'a> Normed<'a> {
+    /// Inputs 1-3 (`b`, `a`, `z`) and, from weight `first` on, `A_log`, `dt_bias` and the norm's
+    /// weight (the fused conv's weight comes before them).
+    fn of(args: &NodeArgs<'a>, first: usize, value_dim: usize) -> Result<Normed<'a>, CudaError> {
+        Ok(Normed {
+            b: args.f32(1),
+            a: args.f32(2),
+            z: args.f32(3),
+            a_log: args.vector(first)?,
+            dt_bias: args.vector(first + 1)?,
+            norm_w: args.vector(first + 2)?,
+            value_dim,
+        })
+    }
 }
 
 /// A normed recurrence's `reference` variant: the gated recurrence in its block layout (an
