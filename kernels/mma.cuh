@@ -17,6 +17,11 @@
 // are 32 bf16 = four 16-byte chunks, XOR-swizzled by bits 1-2 of the row, so the 8 row addresses
 // of each ldmatrix phase hit 8 different bank groups. Needs k % 8 == 0 and 16-byte aligned rows
 // of x and W.
+//
+// Weights stored otherwise than as bf16 rows (NVFP4: moe_nvfp4.cu) are register-staged, as x is:
+// a weight-rows type with REGISTER_STAGED loads each 8-value chunk (`load(r, kk)`, a uint2 of
+// raw bits) before the products and widens it to 8 bf16 (`widen(raw)`, exact values) into the
+// next stage after them.
 #pragma once
 #include "common.cuh"
 
@@ -111,6 +116,7 @@ __device__ __forceinline__ void mma_stage_products(float (&acc)[MT][NT][4], unsi
 // The weight rows of a product: row r of W is `w + r * ld` (ld > k: a slice of k of a wider
 // matrix).
 struct MmaWeightRows {
+    static constexpr bool REGISTER_STAGED = false;
     const bf16_t* w;
     long ld;
     __device__ __forceinline__ const bf16_t* row(long r) const { return w + r * ld; }
@@ -142,30 +148,51 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const WRows wrows, lon
     // This thread's staging chunks: tile row e / CHUNKS, chunk e % CHUNKS (4 threads per row:
     // one 128-byte x row segment and one 64-byte W row segment per 4 threads).
     const float* xrow[XCH];
-    const bf16_t* wrow[WCH];
 #pragma unroll
     for (int i = 0; i < XCH; i++) {
         const int e = tid + i * THREADS;
         const float* r = rows.row(e / CHUNKS);
         xrow[i] = r != nullptr ? r + (e % CHUNKS) * 8 : nullptr;
     }
+
+    const unsigned smem0 = shared_addr(smem);
+    // Weights: the chunk (tile row e / CHUNKS, chunk e % CHUNKS) of each of WCH.
+    const bf16_t* wrow[WCH];  // bf16 rows: the chunk's first value (nullptr past n)
+    uint2 wraw[WCH];          // register-staged: the raw chunk of the next stage
 #pragma unroll
     for (int i = 0; i < WCH; i++) {
         const int e = tid + i * THREADS;
         const long r = n0 + e / CHUNKS;
-        wrow[i] = r < n ? wrows.row(r) + (e % CHUNKS) * 8 : nullptr;
+        if constexpr (!WRows::REGISTER_STAGED) wrow[i] = r < n ? wrows.row(r) + (e % CHUNKS) * 8 : nullptr;
     }
-
-    const unsigned smem0 = shared_addr(smem);
-    auto stage_w = [&](int s, long k0) {
+    // Starts stage s's weights from k0: cp.async straight into shared memory, or loads into
+    // registers (then `commit_w`).
+    auto fetch_w = [&](int s, long k0) {
 #pragma unroll
         for (int i = 0; i < WCH; i++) {
             const int e = tid + i * THREADS;
-            const bool ok = wrow[i] != nullptr && k0 + (e % CHUNKS) * 8 < k;
-            const unsigned dst = smem0 + 2u * (s * STAGE + 2 * BM * MMA_BK + mma_swizzle(e / CHUNKS, e % CHUNKS));
-            cp_async16(dst, ok ? (const void*)(wrow[i] + k0) : (const void*)wrows.row(0), ok);
+            if constexpr (WRows::REGISTER_STAGED) {
+                const long r = n0 + e / CHUNKS, kk = k0 + (e % CHUNKS) * 8;
+                wraw[i] = r < n && kk < k ? wrows.load(r, kk) : make_uint2(0u, 0u);
+            } else {
+                const bool ok = wrow[i] != nullptr && k0 + (e % CHUNKS) * 8 < k;
+                const unsigned dst =
+                    smem0 + 2u * (s * STAGE + 2 * BM * MMA_BK + mma_swizzle(e / CHUNKS, e % CHUNKS));
+                cp_async16(dst, ok ? (const void*)(wrow[i] + k0) : (const void*)wrows.row(0), ok);
+            }
         }
-        cp_async_commit();
+        if constexpr (!WRows::REGISTER_STAGED) cp_async_commit();
+    };
+    // Stores register-staged weights into stage s (a raw zero widens to zeros).
+    auto commit_w = [&](int s) {
+        if constexpr (WRows::REGISTER_STAGED) {
+#pragma unroll
+            for (int i = 0; i < WCH; i++) {
+                const int e = tid + i * THREADS;
+                *reinterpret_cast<uint4*>(smem + s * STAGE + 2 * BM * MMA_BK + mma_swizzle(e / CHUNKS, e % CHUNKS)) =
+                    wrows.widen(wraw[i]);
+            }
+        }
     };
     float xv[XCH][8];
     auto load_x = [&](long k0) {
@@ -203,8 +230,9 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const WRows wrows, lon
     float acc[MT][NT][4];
     mma_zero(acc);
 
-    stage_w(0, 0);
+    fetch_w(0, 0);
     load_x(0);
+    commit_w(0);
     store_x(0);
     cp_async_wait_all();
     __syncthreads();
@@ -219,7 +247,7 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const WRows wrows, lon
         const int s = (int)(kt & 1);
         const bool more = kt + 1 < ktiles;
         if (more) {
-            stage_w(s ^ 1, (kt + 1) * MMA_BK);
+            fetch_w(s ^ 1, (kt + 1) * MMA_BK);
             load_x((kt + 1) * MMA_BK);
         }
         const unsigned hi_base = smem0 + 2u * (s * STAGE);
@@ -233,7 +261,10 @@ __device__ __forceinline__ void mma_tile(const Rows rows, const WRows wrows, lon
             mma_stage_products<WARPS_M, WARPS_N, MT, NT, 1>(acc, hi_base, lo_base, w_base, warp_m, warp_n, lane);
         else if (live_mt > 1)  // (MT > 2 only) the dead blocks' products are zero
             mma_stage_products<WARPS_M, WARPS_N, MT, NT, MT>(acc, hi_base, lo_base, w_base, warp_m, warp_n, lane);
-        if (more) store_x(s ^ 1);
+        if (more) {
+            commit_w(s ^ 1);
+            store_x(s ^ 1);
+        }
         cp_async_wait_all();
         __syncthreads();  // stage s^1 is complete, and every warp is done reading stage s
     }

@@ -14,6 +14,7 @@
 #include "common.cuh"
 #include "vec.cuh"
 #include "mma.cuh"
+#include "moe_tiles.cuh"
 #include "ngram.cuh"
 
 // The largest top k the router keeps per row (checked on the host).
@@ -530,9 +531,6 @@ EXPERTS_DOWN_ROWS_KERNEL(bf16_t, bf16)
 // 3. `..._down_*`: out[s, :] = down_e · act[s, :] (one row per slot);
 // 4. `..._combine_f32`: y[t] = ((0 + w0*out0) + w1*out1) + ... in slot order, as the reference.
 // A slot with an id outside [0, experts) is in no group; its token's row is NaN.
-#define EM_TILE 64
-#define EM_TILE_K 32
-
 // order [slots]: the valid slots, grouped by expert (ascending), any order within an expert;
 // tiles [3 * max_tiles]: per tile (expert, first index in order, slots in it <= EM_TILE), and
 // expert -1 past the last tile. max_tiles >= ceil(slots / EM_TILE) + experts. One block;
@@ -582,25 +580,6 @@ extern "C" __global__ void moe_experts_expert_major_group(int* order, int* tiles
         const long long e = ids[s];
         if (e >= 0 && e < experts) order[atomicAdd(&start[e], 1)] = (int)s;
     }
-}
-
-// The rows of tile blockIdx.x: slot (or -1) and its row of `a` (or -1), in shared memory, and
-// (`count`, when asked) how many of them are slots: the first `count`. Returns the tile's
-// expert, -1 for no tile (the whole block returns).
-__device__ __forceinline__ int em_tile_rows(const int* order, const int* tiles, int per_row_div, int* slot,
-                                            int* a_row, int* count_out = nullptr) {
-    const long b = blockIdx.x;
-    const int e = tiles[3 * b];
-    if (e < 0) return -1;
-    const int first = tiles[3 * b + 1], count = tiles[3 * b + 2];
-    if (count_out != nullptr) *count_out = count;
-    if (threadIdx.x < EM_TILE) {
-        const int s = (int)threadIdx.x < count ? order[first + threadIdx.x] : -1;
-        slot[threadIdx.x] = s;
-        a_row[threadIdx.x] = s < 0 ? -1 : s / per_row_div;
-    }
-    __syncthreads();
-    return e;
 }
 
 // out[slot, n] = f(a[a_row, :] · W1[n, :], a[a_row, :] · W2[n, :]) for the tile's rows and outputs
@@ -737,17 +716,10 @@ extern "C" __global__ void __launch_bounds__(256)
 //                         results is one channel's gate and up value, and it forms the channel's
 //                         activation itself, as the reference (silu(g) * u, in f32);
 //   ..._down_mma_bf16:    out [slots, hidden] = act · down_eᵀ.
-struct EmGatherRows {
-    const float* x;
-    const int* a_row;
-    long k;
-    __device__ __forceinline__ const float* row(int i) const { return a_row[i] < 0 ? nullptr : x + a_row[i] * k; }
-    __device__ __forceinline__ void load8(const float* r, long kk, float* v) const { mma_load8(r + kk, v); }
-};
-
 // Row r of the interleaved gate/up matrix: gate row r / 2 for even r, up row r / 2 for odd r, of
 // gate_up [2 * inter, hidden] (gate rows, then up rows).
 struct EmGateUpRows {
+    static constexpr bool REGISTER_STAGED = false;
     const bf16_t* w;
     long hidden, inter;
     __device__ __forceinline__ const bf16_t* row(long r) const {
@@ -755,31 +727,10 @@ struct EmGateUpRows {
     }
 };
 
-// Stores outputs c, c + 1 (< n) of slot s's row of y [slots, n].
-__device__ __forceinline__ void em_store_pair(float* y, int s, long n, long c, float v0, float v1) {
-    if (s < 0) return;
-    float* row = y + (long)s * n;
-    if ((n & 1) == 0 && c + 1 < n) {
-        float2 v;
-        v.x = v0, v.y = v1;
-        *reinterpret_cast<float2*>(row + c) = v;
-    } else {
-        if (c < n) row[c] = v0;
-        if (c + 1 < n) row[c + 1] = v1;
-    }
-}
-
 // 64 slots x 128 outputs a block (8 warps of 32 x 32): each block stages its tile's activation
 // rows (f32, split into bf16 hi and lo) once per 128 outputs, half as often as 64-wide blocks:
 // the activation traffic, not the weights, bounds these kernels
 // (docs/decisions/0014-expert-major-moe.md).
-#define EM_MMA_WARPS_M 2
-#define EM_MMA_WARPS_N 4
-#define EM_MMA_MT 2
-#define EM_MMA_NT 4
-#define EM_MMA_BN (EM_MMA_WARPS_N * EM_MMA_NT * 8)
-static_assert(EM_MMA_WARPS_M * EM_MMA_MT * 16 == EM_TILE, "a tensor-core tile holds one tile of slots");
-
 extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 32)
     moe_experts_expert_major_gate_up_mma_bf16(float* act, const float* x, const int* order, const int* tiles,
                                               const bf16_t* gate_up, int top_k, long hidden, long inter) {

@@ -25,3 +25,11 @@ extern "C" __global__ void fill_uniform_bf16(bf16_t* out, long n, unsigned long 
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         out[i] = (bf16_t)(__float_as_uint(lo + (hi - lo) * uniform01(seed, i)) >> 16);
 }
+
+// Bytes uniform in [lo, hi] (random NVFP4 codes and scales).
+extern "C" __global__ void fill_bytes_u8(unsigned char* out, long n, unsigned long long seed, unsigned lo, unsigned hi) {
+    wait_for_producers();
+    const unsigned span = hi - lo + 1;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        out[i] = (unsigned char)(lo + (unsigned)((splitmix64(seed ^ (unsigned long long)i * 0xD1B54A32D192ED03ull) >> 32) % span));
+}

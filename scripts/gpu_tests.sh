@@ -4,12 +4,15 @@
 #   here:            bash scripts/gpu_tests.sh build     # release test binaries → gpu-bin/ (git-ignored)
 #   on the device:   bash scripts/gpu_tests.sh run       # through the `device` tool, carry: ["gpu-bin"]
 #
+# ONLY="gpu_nvfp4 gpu_parity" limits either half to those binaries.
+#
 # `run` writes $OUT/gpu_tests.log (or results/ when OUT is unset); commit it as
 # results/gpu-tests.log. Leave the GPU's settings alone; NCCL_NVLS_ENABLE=0 stays set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
-TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_parity gpu_e2e)
+TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_nvfp4 gpu_parity gpu_e2e)
+if [ -n "${ONLY:-}" ]; then read -r -a TESTS <<<"$ONLY"; fi
 
 case "${1:-}" in
 build)
@@ -31,7 +34,7 @@ run)
     {
         echo "# graphrun GPU tests"
         echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-        echo "# command: bash scripts/gpu_tests.sh run"
+        echo "# command: ${ONLY:+ONLY=\"$ONLY\" }bash scripts/gpu_tests.sh run"
         echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
         export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels

@@ -21,9 +21,9 @@ use graphrun::ir::{Device, LogitsMode, Phase, Program};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
 use graphrun::ops::indexer::RowSel;
 use graphrun::plan::ModelPlan;
-use graphrun::registry::{self, DeviceFacts, NodeFacts, WeightFormat};
+use graphrun::registry::{self, DeviceFacts, NodeFacts, StorageFormats, WeightFormat};
 use graphrun::runtime::{Model, ModelOptions};
-use graphrun::weights::Weights;
+use graphrun::weights::{Nvfp4Bank, WeightTensor, Weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -70,8 +70,11 @@ fn lowerings() -> Vec<Option<Vec<String>>> {
 struct Case {
     label: String,
     plan: ModelPlan,
+    /// The CPU reference's f32 weights, and the packed banks of NVFP4 experts beside them.
     weights: Weights,
     format: WeightFormat,
+    /// How the device stores the routed experts (`format`, or NVFP4).
+    expert_format: WeightFormat,
     /// The tokens of each step, in order (the first from position 0).
     steps: Vec<usize>,
 }
@@ -151,20 +154,75 @@ fn cases() -> Vec<Case> {
             plan: model.plan.clone(),
             weights: model.weights.clone(),
             format,
+            expert_format: format,
             steps: vec![7, 1, 2, 3, 8, 16, 1, 40, 1, 5],
         });
     }
+    let tiny = common::repo().join("models/tiny-qwen4exp/config.json");
+    let plan = ModelPlan::from_json_str(&std::fs::read_to_string(tiny).unwrap(), "the tiny model")
+        .unwrap();
+    let mut weights = graphrun::synth::random_weights(&plan, 29).unwrap();
+    round_to_bf16(&mut weights);
+    with_nvfp4_experts(&mut weights);
+    out.push(Case {
+        label: "tiny model, NVFP4 experts".into(),
+        plan,
+        weights,
+        format: WeightFormat::Bf16,
+        expert_format: WeightFormat::Nvfp4,
+        steps: vec![7, 1, 2, 3, 8, 1, 40, 1],
+    });
     let plan = real_geometry();
     let mut weights = graphrun::synth::random_weights(&plan, 23).unwrap();
     round_to_bf16(&mut weights);
     out.push(Case {
         label: "real geometry (2 layers, 16 experts)".into(),
+        plan: plan.clone(),
+        weights: weights.clone(),
+        format: WeightFormat::Bf16,
+        expert_format: WeightFormat::Bf16,
+        steps: vec![64, 1, 2, 6, 8, 16, 32, 1],
+    });
+    with_nvfp4_experts(&mut weights);
+    out.push(Case {
+        label: "real geometry (2 layers, 16 NVFP4 experts)".into(),
         plan,
         weights,
         format: WeightFormat::Bf16,
-        steps: vec![64, 1, 2, 6, 8, 16, 32, 1],
+        expert_format: WeightFormat::Nvfp4,
+        steps: vec![64, 1, 2, 6, 1],
     });
     out
+}
+
+/// Each routed-expert bank packed as NVFP4 (with E4M3 NaN scale bytes among its groups), and
+/// its f32 entry replaced by the packed bank's dequantisation: the device reads the bank, the
+/// CPU computes with exactly its meaning.
+fn with_nvfp4_experts(weights: &mut Weights) {
+    let names: Vec<String> = weights
+        .names()
+        .filter(|n| n.ends_with("experts.gate_up_proj") || n.ends_with("experts.down_proj"))
+        .map(str::to_string)
+        .collect();
+    assert!(!names.is_empty(), "the model has routed experts");
+    for name in names {
+        let t = weights.get(&name).unwrap().clone();
+        let rows = t.shape[1];
+        let per_tensor = if name.ends_with("gate_up_proj") {
+            rows / 2
+        } else {
+            rows
+        };
+        let bank = Nvfp4Bank::quantize(&t.shape, &t.data, per_tensor, 29);
+        weights.insert(
+            name.clone(),
+            WeightTensor {
+                shape: t.shape.clone(),
+                data: bank.dequantize(),
+            },
+        );
+        weights.insert_nvfp4(name, bank);
+    }
 }
 
 /// The real config with two layers, 16 experts (top-10 of them), a 16k vocabulary and a 1k
@@ -197,6 +255,13 @@ fn real_geometry() -> ModelPlan {
     ModelPlan::from_json_str(&config.to_string(), "the cut real config").unwrap()
 }
 
+fn formats(case: &Case) -> StorageFormats {
+    StorageFormats {
+        matrices: case.format,
+        experts: case.expert_format,
+    }
+}
+
 /// Each weight rounded to bf16, as the device holds a bf16 checkpoint: the CPU then computes
 /// with exactly the device's weights.
 fn round_to_bf16(weights: &mut Weights) {
@@ -219,6 +284,7 @@ fn program(case: &Case, facts: &DeviceFacts, fusions: Option<&[String]>, tokens:
     let opts = LowerOptions {
         device: Device::Cuda,
         weight_format: Some(case.format),
+        expert_format: Some(case.expert_format),
         device_facts: Some(*facts),
         fusions: fusions.map(|f| f.to_vec()),
         ..LowerOptions::new(phase, tokens, LogitsMode::Last)
@@ -273,7 +339,7 @@ fn run_case(
         let start = state.position;
         // One check per distinct node: op, facts and step position.
         let fresh = |i: usize| {
-            let f = NodeFacts::of(&program, &program.nodes[i], rows[i], case.format);
+            let f = NodeFacts::of(&program, &program.nodes[i], rows[i], formats(case));
             seen.borrow_mut()
                 .insert((f.op, format!("{:?}", f.dims), f.step, start))
         };
@@ -288,7 +354,7 @@ fn run_case(
                 gpu,
                 facts,
                 &label,
-                case.format,
+                formats(case),
                 &case.weights,
                 &program,
                 dw,
@@ -309,7 +375,7 @@ fn check_node(
     gpu: &Gpu,
     facts: &DeviceFacts,
     label: &str,
-    format: WeightFormat,
+    format: StorageFormats,
     host_weights: &Weights,
     program: &Program,
     weights: &DeviceWeights,

@@ -204,3 +204,91 @@ fn each_weight_is_a_matrix_or_a_vector_in_every_program() {
         }
     }
 }
+
+/// The kernel table (`graphrun lower --format kernels`) of the real config on CUDA with NVFP4
+/// experts beside a bf16 trunk, for a decode step and a 6-row step (MTP's verify): the rules pick
+/// the NVFP4 variants for the routed experts and leave every other node as the bf16 programs have
+/// it.
+fn nvfp4_kernels(name: &str, phase: Phase, tokens: usize) {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let opts = LowerOptions {
+        device: Device::Cuda,
+        weight_format: Some(graphrun::registry::WeightFormat::Bf16),
+        expert_format: Some(graphrun::registry::WeightFormat::Nvfp4),
+        ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+    };
+    let program = lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+        .unwrap()
+        .program;
+    let bf16 = lower(
+        &plan,
+        &GraphSet::embedded().unwrap(),
+        &LowerOptions {
+            expert_format: None,
+            ..opts.clone()
+        },
+    )
+    .unwrap()
+    .program;
+    for (a, b) in program.nodes.iter().zip(&bf16.nodes) {
+        if a.op.kind() == "moe_experts" {
+            assert!(a.variant.starts_with("nvfp4_"), "{}: {}", a.name, a.variant);
+        } else {
+            assert_eq!(
+                (&a.variant, &a.kernels),
+                (&b.variant, &b.kernels),
+                "{}",
+                a.name
+            );
+        }
+    }
+    let text = graphrun::lower::dot::kernel_table(&program);
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(common::repo().join("snapshots"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+#[test]
+fn real_decode_cuda_nvfp4_kernels() {
+    nvfp4_kernels(
+        "qwen3.8_flash_next_decode_cuda_nvfp4_kernels",
+        Phase::Decode,
+        1,
+    );
+}
+
+#[test]
+fn real_verify6_cuda_nvfp4_kernels() {
+    nvfp4_kernels(
+        "qwen3.8_flash_next_t6_cuda_nvfp4_kernels",
+        Phase::Prefill,
+        6,
+    );
+}
+
+/// NVFP4 is a format of routed experts on a device that reads it packed: as the trunk's format,
+/// or on the CPU (which computes with the widening), lowering refuses it.
+#[test]
+fn nvfp4_elsewhere_is_refused() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
+    let nvfp4 = Some(graphrun::registry::WeightFormat::Nvfp4);
+    for (device, weight, experts, says) in [
+        (Device::Cuda, nvfp4, None, "routed experts only"),
+        (Device::Cpu, None, nvfp4, "NVFP4 experts on the CPU"),
+    ] {
+        let opts = LowerOptions {
+            device,
+            weight_format: weight,
+            expert_format: experts,
+            ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+        };
+        let err = lower(&plan, &GraphSet::embedded().unwrap(), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

@@ -314,35 +314,70 @@ fn malformed_nvfp4_pieces_are_refused_by_name() {
     }
 }
 
-/// Until the CUDA executor has NVFP4 kernels, a CUDA load is refused (a bf16 upload of the
-/// widened experts would be another model) and `auto` runs on the CPU and says why.
-#[test]
-fn nvfp4_experts_are_refused_on_cuda_for_now() {
-    use graphrun::runtime::DeviceChoice;
-    let dir = nvfp4_checkpoint("nvfp4-cuda");
-    let cuda = ModelOptions {
-        device: DeviceChoice::Cuda,
-        ..Default::default()
-    };
-    let err = load_error_with(&dir, cuda);
-    assert!(
-        err.contains("--device cuda: 8 NVFP4 expert bank(s)") && err.contains("use --device cpu"),
-        "{err}"
-    );
-    let auto = ModelOptions {
-        device: DeviceChoice::Auto,
-        ..Default::default()
-    };
-    let model = Model::load(&dir, auto).unwrap();
-    assert!(model
-        .fallback_notice
-        .unwrap()
-        .contains("running on the CPU"));
-}
-
 fn load_error_with(dir: &Path, options: ModelOptions) -> String {
     match Model::load(dir, options) {
         Ok(_) => panic!("{} loaded", dir.display()),
         Err(e) => e.to_string(),
+    }
+}
+
+/// A load for a device keeps each NVFP4 bank packed (no f32 copy of it), and the packed bank
+/// means exactly what the CPU's widened load computes with: its dequantisation equals the
+/// widened weights bit for bit; every other weight is loaded alike.
+#[test]
+fn a_packed_load_keeps_the_banks_as_stored() {
+    use graphrun::ir::Phase;
+    use graphrun::lower::{lower, GraphSet, LowerOptions};
+    use graphrun::weights::{check_contract, contract};
+    let dir = nvfp4_checkpoint("nvfp4-packed");
+    let plan = ModelPlan::from_model_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open_dir(&dir).unwrap();
+    let quant = graphrun::quant::QuantConfig::from_model_dir(&dir).unwrap();
+    let probe = lower(
+        &plan,
+        &GraphSet::embedded().unwrap(),
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )
+    .unwrap();
+    let resolved = check_contract(
+        &ckpt,
+        "tiny",
+        &probe.program.weights,
+        &probe.program.consts,
+        plan.moe.num_experts,
+        quant.as_ref(),
+    )
+    .unwrap();
+    let widened = contract::load_with(&ckpt, &resolved, contract::Nvfp4Load::Widen).unwrap();
+    let packed = contract::load_with(&ckpt, &resolved, contract::Nvfp4Load::Packed).unwrap();
+    let banks: Vec<&str> = packed.nvfp4_names().collect();
+    assert_eq!(
+        banks.len(),
+        2 * plan.layers.len(),
+        "a gate/up and a down bank a layer"
+    );
+    assert_eq!(widened.nvfp4_names().count(), 0);
+    for name in &banks {
+        assert!(
+            packed.get(name).is_none(),
+            "{name}: no f32 copy beside the bank"
+        );
+        let bank = packed.nvfp4(name).unwrap();
+        let want = &widened.get(name).unwrap().data;
+        let got = bank.dequantize();
+        assert_eq!(got.len(), want.len(), "{name}");
+        assert!(
+            got.iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: the packed bank means what the widened load computes with"
+        );
+        assert!(
+            bank.scales.contains(&0x7F) || bank.scales.contains(&0xFF),
+            "{name}: NaN scale codes kept as stored"
+        );
+    }
+    for name in widened.names().filter(|n| !banks.contains(n)) {
+        assert_eq!(packed.get(name), widened.get(name), "{name}");
     }
 }

@@ -75,8 +75,15 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
     match &node.op {
         Op::MoeExperts { experts, .. } => {
             let k = program.value(&node.inputs[1]).map(|v| v.width).unwrap_or(0) as u64;
+            // The NVFP4 variants read packed banks: half a byte a weight and a scale byte per 16
+            // (the globals, one per expert and tensor, are noise); the others read bf16.
+            let sixteenths = if node.variant.starts_with("nvfp4_") {
+                9
+            } else {
+                32
+            };
             for w in &node.weights {
-                c.expert_weights += size(w) * 2 * k / *experts as u64;
+                c.expert_weights += size(w) * sixteenths * k / 16 / *experts as u64;
             }
         }
         // The gathered rows, not the table (a copy per stream is written, not read).
@@ -161,7 +168,7 @@ mod tests {
     #[test]
     fn decode_bytes_count_the_kv_cache_of_every_attention() {
         let text = include_str!("../../tests/data/configs/qwen3.8-flash-next.json");
-        let plan = bench_plan(text, "qwen3.8-flash-next.json", 8, 1009).unwrap();
+        let plan = bench_plan(text, "qwen3.8-flash-next.json", Some(8), 1009).unwrap();
         let graphs = crate::lower::GraphSet::embedded().unwrap();
         let mut opts = crate::lower::LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
         opts.device = crate::ir::Device::Cuda;

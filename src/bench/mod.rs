@@ -49,7 +49,10 @@ pub struct BenchOptions {
     /// (`exec::cuda::trace`; the kernels are then built with the trace's records, which cost
     /// every launch a few clock reads and one atomic).
     pub trace: bool,
-    pub layers: usize,
+    /// Keep the first N layers (`None`: all of the config's).
+    pub layers: Option<usize>,
+    /// How the routed experts are stored (bf16 banks, or NVFP4 as the release users run).
+    pub experts: crate::registry::WeightFormat,
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
     pub decode_steps: usize,
@@ -64,11 +67,11 @@ pub struct BenchOptions {
 const TRACE_CAPACITY: usize = 1 << 16;
 const TRACED_STEPS: usize = 32;
 
-/// The real config cut to its first `layers` layers, with a smaller PLE table.
+/// The real config cut to its first `layers` layers (all: `None`), with a smaller PLE table.
 pub fn bench_plan(
     config_text: &str,
     origin: &str,
-    layers: usize,
+    layers: Option<usize>,
     ple_vocab_base: u64,
 ) -> Result<ModelPlan> {
     let mut v: serde_json::Value =
@@ -79,6 +82,7 @@ pub fn bench_plan(
         &mut v
     };
     let total = text["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    let layers = layers.unwrap_or(total);
     if layers == 0 || layers > total {
         return Err(Error::Input(format!(
             "--layers {layers}: the config has {total} layers"
@@ -230,6 +234,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
     );
     let bandwidth = copy_bandwidth(&gpu)?;
+    let plan_layers = plan.layers.len();
     let layer_kinds = plan
         .layers
         .iter()
@@ -237,7 +242,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .collect::<Vec<_>>()
         .join(",");
     let vocab = plan.vocab_size;
-    let model = Model::random_on_gpu(plan, gpu, options, opts.seed)?;
+    let model = Model::random_on_gpu(plan, gpu, options, opts.experts, opts.seed)?;
     let cuda = model
         .backend
         .cuda()
@@ -423,7 +428,8 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         linear_sweep,
         device,
         schedule,
-        layers: opts.layers,
+        layers: plan_layers,
+        experts: opts.experts.to_string(),
         layer_kinds,
         weight_bytes_on_device: weight_bytes,
         copy_bandwidth_gb_s: bandwidth,

@@ -53,6 +53,8 @@ pub struct BenchReport {
     /// The graphs, rules and fusions benchmarked ([`BenchOptions`]).
     pub schedule: String,
     pub layers: usize,
+    /// How the routed experts are stored (`bf16`, `nvfp4`).
+    pub experts: String,
     pub layer_kinds: String,
     pub weight_bytes_on_device: usize,
     pub copy_bandwidth_gb_s: f64,
@@ -147,9 +149,10 @@ impl std::fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "model: real geometry, first {} layers ({}), bf16 matrices, {:.1} GB on the device",
+            "model: real geometry, first {} layers ({}), bf16 matrices, {} routed experts, {:.1} GB on the device",
             self.layers,
             self.layer_kinds,
+            self.experts,
             self.weight_bytes_on_device as f64 / 1e9
         )?;
         writeln!(f, "schedule: {}", self.schedule)?;

@@ -51,9 +51,13 @@ struct BenchArgs {
     /// The model config (default: the real Qwen3.8-Flash-Next config shipped in tests/data).
     #[arg(long, default_value = "tests/data/configs/qwen3.8-flash-next.json")]
     config: PathBuf,
-    /// Keep the first N layers (bf16 experts take about 5 GB a layer).
-    #[arg(long, default_value_t = 8)]
-    layers: usize,
+    /// Keep the first N layers (default: all; bf16 experts take about 5 GB a layer, NVFP4 ones
+    /// 1.4 GB).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// How the routed experts are stored: nvfp4 (as the release users run on one GPU) or bf16.
+    #[arg(long, default_value = "nvfp4")]
+    experts: graphrun::registry::WeightFormat,
     /// Contexts to time decode at.
     #[arg(long, value_delimiter = ',', default_value = "1024,8192")]
     contexts: Vec<usize>,
@@ -213,6 +217,10 @@ struct LowerArgs {
     /// release's format) on CUDA.
     #[arg(long)]
     weights: Option<WeightFormat>,
+    /// How the routed experts are stored, where not as the other matrices (nvfp4: the
+    /// release's packed experts, on CUDA).
+    #[arg(long)]
+    experts: Option<WeightFormat>,
     /// The CUDA device's compute capability as major*10 + minor (default: an H200's, 90).
     #[arg(long, default_value_t = 90)]
     arch: u32,
@@ -445,6 +453,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
             opts.device = a.device;
             opts.weight_format = a.weights;
+            opts.expert_format = a.experts;
             if a.device == graphrun::ir::Device::Cuda {
                 opts.device_facts = Some(DeviceFacts::cuda(a.arch, a.sms));
             }
@@ -543,6 +552,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             })?;
             let opts = graphrun::bench::BenchOptions {
                 layers: a.layers,
+                experts: a.experts,
                 contexts: a.contexts.clone(),
                 prefills: a.prefills.clone(),
                 decode_steps: a.decode_steps.max(1),

@@ -19,7 +19,7 @@ pub use graphset::GraphSet;
 use crate::ir::{Device, LogitsMode, Phase, Program};
 use crate::passes;
 use crate::plan::ModelPlan;
-use crate::registry::{DeviceFacts, WeightFormat};
+use crate::registry::{DeviceFacts, StorageFormats, WeightFormat};
 use crate::rules::RuleOverride;
 
 /// What to lower for.
@@ -38,6 +38,9 @@ pub struct LowerOptions {
     /// would store `weight_dtype`, or, without one, f32 on the CPU and bf16 (the release's
     /// format) on CUDA.
     pub weight_format: Option<WeightFormat>,
+    /// How the executor stores the routed experts' banks, where not as the other matrices
+    /// (NVFP4 experts on CUDA).
+    pub expert_format: Option<WeightFormat>,
     /// The executor the program is for.
     pub device: Device,
     /// The device's properties the rules and kernels depend on; `None`: the executor's defaults
@@ -55,6 +58,7 @@ impl LowerOptions {
             fusions: None,
             weight_dtype: None,
             weight_format: None,
+            expert_format: None,
             device: Device::Cpu,
             device_facts: None,
         }
@@ -68,6 +72,16 @@ impl LowerOptions {
                 None if self.device == Device::Cuda => WeightFormat::Bf16,
                 None => WeightFormat::F32,
             })
+    }
+
+    /// The storage formats the schedule assumes: the experts' as `expert_format` says, else
+    /// as the other matrices'.
+    pub fn formats(&self) -> StorageFormats {
+        let matrices = self.format();
+        StorageFormats {
+            matrices,
+            experts: self.expert_format.unwrap_or(matrices),
+        }
     }
 }
 
@@ -153,10 +167,21 @@ pub fn lower(
             device.device, opts.device
         )));
     }
+    let formats = opts.formats();
+    if formats.matrices == WeightFormat::Nvfp4 {
+        return Err(LowerError::Options(
+            "weight format nvfp4 is a format of routed experts only (the expert format)".into(),
+        ));
+    }
+    if formats.experts == WeightFormat::Nvfp4 && opts.device == Device::Cpu {
+        return Err(LowerError::Options(
+            "NVFP4 experts on the CPU: the CPU reference computes with their f32 widening".into(),
+        ));
+    }
     let schedule = passes::schedule::Facts {
         phase: opts.phase,
         device,
-        weight_format: opts.format(),
+        formats,
     };
     passes::schedule::run(&mut program, &rules, &schedule)?;
     passes::memplan::run(&mut program)?;

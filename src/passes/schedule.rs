@@ -7,7 +7,7 @@
 
 use crate::ir::{Phase, Program};
 use crate::lower::error::LowerError;
-use crate::registry::{self, DeviceFacts, NodeFacts, WeightFormat};
+use crate::registry::{self, DeviceFacts, NodeFacts, StorageFormats};
 use crate::rules::{self, Rule};
 
 pub use crate::rules::RuleOverride;
@@ -17,7 +17,7 @@ pub struct Facts {
     pub phase: Phase,
     pub device: DeviceFacts,
     /// How the executor stores matrices.
-    pub weight_format: WeightFormat,
+    pub formats: StorageFormats,
 }
 
 pub fn run(program: &mut Program, rules: &[Rule], facts: &Facts) -> Result<(), LowerError> {
@@ -25,7 +25,7 @@ pub fn run(program: &mut Program, rules: &[Rule], facts: &Facts) -> Result<(), L
     let device = facts.device.device;
     let mut chosen = Vec::with_capacity(program.nodes.len());
     for (node, &r) in program.nodes.iter().zip(&rows) {
-        let nf = NodeFacts::of(program, node, r, facts.weight_format);
+        let nf = NodeFacts::of(program, node, r, facts.formats);
         let kind = node.op.kind();
         let invalid = |msg: String| LowerError::Invalid {
             node: node.name.clone(),

@@ -13,11 +13,15 @@ use serde::{Deserialize, Serialize};
 use crate::ir::{Device, Node, Op, Program};
 
 /// How a node's matrices are stored on the executor (the CPU widens everything to f32; the
-/// CUDA executor keeps bf16 checkpoints in bf16 and widens f32 and f16 ones to f32).
+/// CUDA executor keeps bf16 checkpoints in bf16, widens f32 and f16 ones to f32, and keeps
+/// NVFP4 expert banks packed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub enum WeightFormat {
     F32,
     Bf16,
+    /// ModelOpt NVFP4 (`quant::nvfp4`): E2M1 codes with an E4M3 scale per 16 and an f32 scale
+    /// per tensor. Routed experts only.
+    Nvfp4,
 }
 
 impl WeightFormat {
@@ -26,14 +30,16 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => "f32",
             WeightFormat::Bf16 => "bf16",
+            WeightFormat::Nvfp4 => "nvfp4",
         }
     }
 
-    /// Weights in one 16-byte load.
+    /// Weights in one 16-byte load (of NVFP4: of codes).
     pub fn chunk_len(self) -> usize {
         match self {
             WeightFormat::F32 => 4,
             WeightFormat::Bf16 => 8,
+            WeightFormat::Nvfp4 => 32,
         }
     }
 
@@ -58,9 +64,38 @@ impl std::str::FromStr for WeightFormat {
         match s {
             "f32" => Ok(WeightFormat::F32),
             "bf16" => Ok(WeightFormat::Bf16),
+            "nvfp4" => Ok(WeightFormat::Nvfp4),
             other => Err(format!(
-                "unknown weight format `{other}` (expected f32 or bf16)"
+                "unknown weight format `{other}` (expected f32, bf16 or nvfp4)"
             )),
+        }
+    }
+}
+
+/// How an executor stores a program's matrices: the routed experts' banks may be stored
+/// otherwise than the rest (NVFP4 experts beside a bf16 trunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageFormats {
+    pub matrices: WeightFormat,
+    pub experts: WeightFormat,
+}
+
+impl StorageFormats {
+    /// The format of the matrices of a node of `op`.
+    pub fn of<D>(&self, op: &Op<D>) -> WeightFormat {
+        match op {
+            Op::MoeExperts { .. } => self.experts,
+            _ => self.matrices,
+        }
+    }
+}
+
+impl From<WeightFormat> for StorageFormats {
+    /// Every matrix in one format.
+    fn from(f: WeightFormat) -> StorageFormats {
+        StorageFormats {
+            matrices: f,
+            experts: f,
         }
     }
 }
@@ -146,8 +181,14 @@ impl NodeFacts {
     }
 
     /// The facts of `node` (of `program`, whose rows per node are `rows`), its matrices stored
-    /// as `format`.
-    pub fn of(program: &Program, node: &Node, rows: usize, format: WeightFormat) -> NodeFacts {
+    /// as `formats` says for its op.
+    pub fn of(
+        program: &Program,
+        node: &Node,
+        rows: usize,
+        formats: impl Into<StorageFormats>,
+    ) -> NodeFacts {
+        let format = formats.into().of(&node.op);
         let mut dims = op_params(&node.op);
         let weight_shape = |i: usize| {
             node.weights

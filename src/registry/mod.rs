@@ -11,7 +11,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod facts;
 
-pub use facts::{node_rows, DeviceFacts, NodeFacts, WeightFormat};
+pub use facts::{node_rows, DeviceFacts, NodeFacts, StorageFormats, WeightFormat};
 
 use crate::ir::Device;
 

@@ -13,6 +13,7 @@ use crate::ir::{LogitsMode, Phase, Program};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::passes::schedule::RuleOverride;
 use crate::plan::ModelPlan;
+use crate::registry::WeightFormat;
 use crate::weights::{self, Weights};
 
 use super::backend::{Backend, CudaBackend};
@@ -132,6 +133,9 @@ pub struct Model {
     pub backend: Backend,
     /// Why `DeviceChoice::Auto` fell back to the CPU, if it did.
     pub fallback_notice: Option<String>,
+    /// How the backend stores the routed experts, where not as the other matrices (NVFP4 banks
+    /// on CUDA).
+    pub expert_format: Option<WeightFormat>,
     options: ModelOptions,
     programs: Mutex<HashMap<(Phase, usize, LogitsMode), Arc<Program>>>,
 }
@@ -159,72 +163,61 @@ impl Model {
             plan.moe.num_experts,
             quant.as_ref(),
         )?;
-        let weights = weights::contract::load(&ckpt, &resolved)?;
-        let device = options.device;
+        let (gpu, fallback_notice) = pick_gpu(options.device)?;
+        // A device computes with NVFP4 banks as stored; the CPU reference with their widening.
+        let nvfp4 = if gpu.is_some() {
+            weights::contract::Nvfp4Load::Packed
+        } else {
+            weights::contract::Nvfp4Load::Widen
+        };
+        let weights = weights::contract::load_with(&ckpt, &resolved, nvfp4)?;
         let mut model = Model::from_parts(plan, graphs, weights, options);
         model.stored_formats = stored_formats(&ckpt, &resolved);
         model.weight_dtype = resolved.float_dtype;
         model.unused_tensors = resolved.unused;
-        model.set_device(device, &probe.program)?;
+        model.fallback_notice = fallback_notice;
+        if let Some(gpu) = gpu {
+            if model.weights.nvfp4_names().next().is_some() {
+                model.expert_format = Some(WeightFormat::Nvfp4);
+            }
+            let weights = DeviceWeights::upload(
+                &gpu,
+                &probe.program,
+                &model.weights,
+                model.weight_dtype == "bf16",
+            )?;
+            model.backend = cuda_backend(&model.plan, &model.options, gpu, weights);
+        }
         Ok(model)
     }
 
-    /// Moves the model onto `device` (weights uploaded once; bf16 matrices for a bf16 checkpoint).
-    fn set_device(&mut self, device: DeviceChoice, program: &Program) -> Result<()> {
-        // The CUDA executor has no NVFP4 kernels yet: its bf16 upload of the widened experts
-        // would round them, a silently different model.
-        if let (Some(banks), DeviceChoice::Cuda | DeviceChoice::Auto) =
-            (self.stored_formats.get("nvfp4"), device)
-        {
-            let why = format!(
-                "{} NVFP4 expert bank(s) (first: {}): the CUDA executor cannot run NVFP4 experts yet",
-                banks.len(),
-                banks[0]
-            );
-            if device == DeviceChoice::Cuda {
-                return Err(Error::Input(format!(
-                    "--device cuda: {why}; use --device cpu"
-                )));
-            }
-            self.fallback_notice = Some(format!("{why}; running on the CPU"));
-            return Ok(());
-        }
-        let gpu = match device {
-            DeviceChoice::Cpu => return Ok(()),
-            DeviceChoice::Cuda => Gpu::new(0)?,
-            DeviceChoice::Auto => match cuda::probe() {
-                Ok(_) => Gpu::new(0)?,
-                Err(e) => {
-                    self.fallback_notice =
-                        Some(format!("no CUDA device ({e}); running on the CPU"));
-                    return Ok(());
-                }
-            },
-        };
-        let weights =
-            DeviceWeights::upload(&gpu, program, &self.weights, self.weight_dtype == "bf16")?;
-        self.backend = cuda_backend(&self.plan, &self.options, gpu, weights);
-        Ok(())
-    }
-
     /// A model whose weights are generated on the GPU (benchmarks at the real geometry: no files,
-    /// no host copy; `weights` stays empty).
+    /// no host copy; `weights` stays empty): bf16 matrices, the routed experts as `experts`
+    /// (bf16 or NVFP4 banks).
     pub fn random_on_gpu(
         plan: ModelPlan,
         gpu: Gpu,
         options: ModelOptions,
+        experts: WeightFormat,
         seed: u64,
     ) -> Result<Model> {
+        if experts == WeightFormat::F32 {
+            return Err(Error::Input(
+                "--experts f32: random experts are bf16 or nvfp4".into(),
+            ));
+        }
         let graphs = options.graph_set()?;
         let probe = lower::lower(
             &plan,
             &graphs,
             &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
         )?;
-        let weights = DeviceWeights::random(&gpu, &probe.program, true, seed)?;
+        let nvfp4 = experts == WeightFormat::Nvfp4;
+        let weights = DeviceWeights::random(&gpu, &probe.program, true, nvfp4, seed)?;
         let backend = cuda_backend(&plan, &options, gpu, weights);
         let mut model = Model::from_parts(plan, graphs, Weights::new(), options);
         model.weight_dtype = "bf16".into();
+        model.expert_format = nvfp4.then_some(WeightFormat::Nvfp4);
         model.backend = backend;
         Ok(model)
     }
@@ -245,6 +238,7 @@ impl Model {
             stored_formats: Default::default(),
             backend: Backend::Cpu,
             fallback_notice: None,
+            expert_format: None,
             options,
             programs: Mutex::new(HashMap::new()),
         }
@@ -263,6 +257,7 @@ impl Model {
             self.backend.device(),
             Some(self.weight_dtype.clone()),
         );
+        opts.expert_format = self.expert_format;
         // Scheduled for the device the model is on (its arch and multiprocessors).
         if let Backend::Cuda(cuda) = &self.backend {
             opts.device_facts = Some(cuda.gpu.facts());
@@ -283,6 +278,21 @@ impl Model {
     pub fn executor(&self) -> Box<dyn Executor + '_> {
         self.backend.executor(&self.weights)
     }
+}
+
+/// The GPU `device` asks for (none for the CPU), and why `Auto` fell back to the CPU if it did.
+fn pick_gpu(device: DeviceChoice) -> Result<(Option<Gpu>, Option<String>)> {
+    Ok(match device {
+        DeviceChoice::Cpu => (None, None),
+        DeviceChoice::Cuda => (Some(Gpu::new(0)?), None),
+        DeviceChoice::Auto => match cuda::probe() {
+            Ok(_) => (Some(Gpu::new(0)?), None),
+            Err(e) => (
+                None,
+                Some(format!("no CUDA device ({e}); running on the CPU")),
+            ),
+        },
+    })
 }
 
 /// The model on `gpu`: each sequence's caches hold `context_capacity` rows (rounded up to the

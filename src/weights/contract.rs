@@ -596,10 +596,30 @@ pub fn buffer_expectation(name: &str, consts: &Consts) -> Option<Vec<i64>> {
     }
 }
 
-/// Loads every float weight of a checked contract as f32 (in parallel). Each stored tensor is
-/// first scanned for NaN and infinity ([`find_non_finite`], on the mapped bytes); if any holds
-/// some, nothing is returned but the list of them, by tensor name.
+/// What a load does with NVFP4 banks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nvfp4Load {
+    /// Widened to f32 (`quant::nvfp4`'s meaning): the CPU reference computes with them.
+    Widen,
+    /// Kept as stored ([`super::Nvfp4Bank`]): a device computes with the packed form.
+    Packed,
+}
+
+/// Loads every float weight of a checked contract as f32 (in parallel), NVFP4 banks widened.
 pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractError> {
+    load_with(ckpt, resolved, Nvfp4Load::Widen)
+}
+
+/// Loads every float weight of a checked contract (in parallel): as f32, NVFP4 banks as
+/// `nvfp4` says. Each stored float tensor is first scanned for NaN and infinity
+/// ([`find_non_finite`], on the mapped bytes); if any holds some, nothing is returned but the
+/// list of them, by tensor name. (NVFP4 codes and scales have no non-finite values: NaN scale
+/// bytes read as +0, and the global scales were checked finite and positive.)
+pub fn load_with(
+    ckpt: &Checkpoint,
+    resolved: &Resolved,
+    nvfp4: Nvfp4Load,
+) -> Result<Weights, ContractError> {
     let floats: Vec<&(WeightInfo, Source)> = resolved
         .weights
         .iter()
@@ -624,8 +644,21 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
         bad.sort_by(|a, b| a.tensor.cmp(&b.tensor));
         return Err(ContractError::NonFinite { tensors: bad });
     }
+    let is_packed = |source: &Source| {
+        nvfp4 == Nvfp4Load::Packed
+            && source
+                .tensors()
+                .first()
+                .is_some_and(|t| resolved.nvfp4.contains_key(*t))
+    };
+    let banks: Vec<(String, super::Nvfp4Bank)> = floats
+        .par_iter()
+        .filter(|(_, source)| is_packed(source))
+        .map(|(w, source)| Ok((w.name.clone(), packed_bank(ckpt, resolved, w, source)?)))
+        .collect::<Result<_, CheckpointError>>()?;
     let loaded: Vec<(String, WeightTensor)> = floats
         .par_iter()
+        .filter(|(_, source)| !is_packed(source))
         .map(|(w, source)| {
             let data = match source {
                 Source::Single(n) => ckpt.to_f32(n)?,
@@ -661,7 +694,39 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
     for (n, t) in loaded {
         weights.insert(n, t);
     }
+    for (n, b) in banks {
+        weights.insert_nvfp4(n, b);
+    }
     Ok(weights)
+}
+
+/// The NVFP4 parts of `w` (each an NVFP4 matrix of the same shape: the contract refuses a bank
+/// mixing formats) concatenated in order, as stored.
+fn packed_bank(
+    ckpt: &Checkpoint,
+    resolved: &Resolved,
+    w: &WeightInfo,
+    source: &Source,
+) -> Result<super::Nvfp4Bank, CheckpointError> {
+    let parts: Vec<&Nvfp4Tensors> = source
+        .tensors()
+        .into_iter()
+        .filter_map(|t| resolved.nvfp4.get(t))
+        .collect();
+    let rows_per_global = parts.first().map_or(0, |m| m.out);
+    let mut bank = super::Nvfp4Bank {
+        shape: w.shape.clone(),
+        codes: Vec::new(),
+        scales: Vec::new(),
+        globals: Vec::with_capacity(parts.len()),
+        rows_per_global,
+    };
+    for m in parts {
+        bank.codes.extend_from_slice(ckpt.bytes(&m.codes)?);
+        bank.scales.extend_from_slice(ckpt.bytes(&m.scale)?);
+        bank.globals.push(ckpt.to_f32(&m.global)?[0]);
+    }
+    Ok(bank)
 }
 
 /// An NVFP4 matrix in f32 (`quant::nvfp4`: `(e2m1 * e4m3) * global`), as the CPU reference

@@ -58,6 +58,52 @@ pub fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool 
         && down_rows_shared(top_k, intermediate) <= DOWN_ROWS_MAX_SHARED
 }
 
+/// Warps of a block of the NVFP4 token-major kernels (`NVFP4_WARPS` in kernels/moe_nvfp4.cu), and
+/// the output rows of a token a down block takes (`NVFP4_DOWN_ROWS`).
+pub const NVFP4_WARPS: usize = 8;
+pub const NVFP4_DOWN_ROWS: usize = 16;
+/// Dynamic shared memory a kernel may use without opting in.
+const SHARED_LIMIT: usize = 48 * 1024;
+
+/// Shared memory of `moe_experts_down_nvfp4`: a token's act rows, its ids (i64) and weights.
+pub fn nvfp4_down_shared(top_k: usize, intermediate: usize) -> usize {
+    top_k * intermediate * 4 + top_k * 12
+}
+
+/// Lanes per slot in `moe_experts_down_nvfp4`: the fewest (a power of 2) that leave each lane at
+/// most 16 words (8 codes each) of a row, so that several slots' rows are read at once.
+pub fn nvfp4_down_lanes(intermediate: usize) -> usize {
+    let words = intermediate / 8;
+    let mut lanes = 1;
+    while lanes < 32 && words.div_ceil(lanes) > 16 {
+        lanes *= 2;
+    }
+    lanes
+}
+
+/// Dense (f32 or bf16) experts: the kernels that read them.
+fn dense(f: &NodeFacts) -> Result<(), String> {
+    require(f.weight != Some(WeightFormat::Nvfp4), || {
+        "NVFP4 experts: this variant reads f32 or bf16 banks (the nvfp4_* variants read packed ones)".into()
+    })
+}
+
+/// NVFP4 experts whose rows split into scale groups.
+fn nvfp4(f: &NodeFacts) -> Result<(), String> {
+    let (h, i) = (f.dim("hidden"), f.dim("intermediate"));
+    require(
+        f.weight == Some(WeightFormat::Nvfp4)
+            && h.is_multiple_of(crate::quant::nvfp4::GROUP)
+            && i.is_multiple_of(crate::quant::nvfp4::GROUP),
+        || {
+            format!(
+                "{} experts of hidden {h} and intermediate {i}: this variant reads NVFP4 banks of sizes that are multiples of 16",
+                f.format()
+            )
+        },
+    )
+}
+
 fn top_k_fits(f: &NodeFacts) -> Result<(), String> {
     require(f.dim("top_k") <= DOWN_MAX_TOPK, || {
         format!(
@@ -88,7 +134,10 @@ pub static MOE_EXPERTS: &[Variant] = &[
         op: "moe_experts",
         name: "token_major",
         doc: "gate/up a warp per (slot, row), then down a block per (token, output row) over the token's slots",
-        accepts: |f, _| top_k_fits(f),
+        accepts: |f, _| {
+            dense(f)?;
+            top_k_fits(f)
+        },
         kernels: |f, _| vec![f.kernel("moe_experts_gate_up"), f.kernel("moe_experts_down")],
     },
     Variant {
@@ -96,6 +145,7 @@ pub static MOE_EXPERTS: &[Variant] = &[
         name: "token_major_rows",
         doc: "as token_major, down 8 output rows of a token a block with the token's act rows staged in shared memory once",
         accepts: |f, _| {
+            dense(f)?;
             top_k_fits(f)?;
             let (k, h, i) = (f.dim("top_k"), f.dim("hidden"), f.dim("intermediate"));
             require(down_rows_fits(k, h, i), || {
@@ -111,7 +161,7 @@ pub static MOE_EXPERTS: &[Variant] = &[
         op: "moe_experts",
         name: "expert_major",
         doc: "slots grouped by expert on the device, each expert's weights read once per tile of 64 of its slots (SIMT tiles), then the combine",
-        accepts: |_, _| Ok(()),
+        accepts: |f, _| dense(f),
         kernels: |f, _| {
             vec![
                 "moe_experts_expert_major_group".into(),
@@ -131,6 +181,43 @@ pub static MOE_EXPERTS: &[Variant] = &[
                 "moe_experts_expert_major_group".into(),
                 "moe_experts_expert_major_gate_up_mma_bf16".into(),
                 "moe_experts_expert_major_down_mma_bf16".into(),
+                "moe_experts_expert_major_combine_f32".into(),
+            ]
+        },
+    },
+    Variant {
+        op: "moe_experts",
+        name: "nvfp4_token_major",
+        doc: "NVFP4 banks read packed: gate/up a warp per (slot, channel) with the token's x staged, then down a warp per output row over the token's staged act rows",
+        accepts: |f, _| {
+            nvfp4(f)?;
+            let (k, h, i) = (f.dim("top_k"), f.dim("hidden"), f.dim("intermediate"));
+            require(
+                h * 4 <= SHARED_LIMIT && nvfp4_down_shared(k, i) <= SHARED_LIMIT,
+                || {
+                    format!(
+                        "hidden {h}, top {k} x intermediate {i}: a token's x row and act rows must fit {SHARED_LIMIT} bytes of shared memory"
+                    )
+                },
+            )
+        },
+        kernels: |_, _| {
+            vec![
+                "moe_experts_gate_up_nvfp4".into(),
+                "moe_experts_down_nvfp4".into(),
+            ]
+        },
+    },
+    Variant {
+        op: "moe_experts",
+        name: "nvfp4_expert_major_mma",
+        doc: "NVFP4 banks read packed, slots grouped by expert: each expert's codes read once per tile of 64 of its slots and widened to bf16 into the tensor cores, then the combine",
+        accepts: |f, _| nvfp4(f),
+        kernels: |_, _| {
+            vec![
+                "moe_experts_expert_major_group".into(),
+                "moe_experts_expert_major_gate_up_mma_nvfp4".into(),
+                "moe_experts_expert_major_down_mma_nvfp4".into(),
                 "moe_experts_expert_major_combine_f32".into(),
             ]
         },

@@ -15,7 +15,7 @@ use crate::weights::Weights;
 use super::context::{Launch, Slot};
 use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
-use super::launch::{self, DeviceMatrix};
+use super::launch::{self, moe_nvfp4::DeviceNvfp4, DeviceMatrix};
 
 mod instrument;
 mod nodes;

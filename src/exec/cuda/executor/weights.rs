@@ -5,6 +5,8 @@ use super::*;
 /// A model's weights on the device.
 pub struct DeviceWeights {
     matrices: HashMap<String, DeviceMatrix>,
+    /// NVFP4 expert banks, packed as the checkpoint stores them.
+    nvfp4: HashMap<String, DeviceNvfp4>,
     vectors: HashMap<String, CudaSlice<f32>>,
     /// PLE hash tables per table index: multipliers, sizes, offsets.
     pub(super) ple: Vec<[CudaSlice<i64>; 3]>,
@@ -12,8 +14,8 @@ pub struct DeviceWeights {
 }
 
 impl DeviceWeights {
-    /// Uploads every weight `program` uses; matrices as bf16 when `bf16` (exact when the
-    /// checkpoint was bf16: the host copies are its values widened).
+    /// Uploads every weight `program` uses: NVFP4 banks as stored, other matrices as bf16 when
+    /// `bf16` (exact when the checkpoint was bf16: the host copies are its values widened).
     pub fn upload(
         gpu: &Gpu,
         program: &Program,
@@ -22,6 +24,7 @@ impl DeviceWeights {
     ) -> Result<DeviceWeights, CudaError> {
         let mut dw = DeviceWeights {
             matrices: HashMap::new(),
+            nvfp4: HashMap::new(),
             vectors: HashMap::new(),
             ple: Vec::new(),
             bytes: 0,
@@ -32,6 +35,12 @@ impl DeviceWeights {
             .iter()
             .filter(|w| w.class == WeightClass::Float)
         {
+            if let Some(bank) = weights.nvfp4(&info.name) {
+                let m = DeviceNvfp4::upload(gpu, bank, &info.name)?;
+                dw.bytes += m.bytes();
+                dw.nvfp4.insert(info.name.clone(), m);
+                continue;
+            }
             let Some(t) = weights.get(&info.name) else {
                 continue;
             };
@@ -61,15 +70,19 @@ impl DeviceWeights {
 
     /// Random weights generated on the device (benchmarks at the real geometry, no files):
     /// matrices uniform with the variance of N(0, 1/fan_in), (1+w) norms near 0, plain norms and
-    /// dt_bias near 1, A_log in [0, ln 16], embeddings uniform in [-1, 1).
+    /// dt_bias near 1, A_log in [0, ln 16], embeddings uniform in [-1, 1); the routed experts
+    /// as NVFP4 banks with `nvfp4_experts` (`DeviceNvfp4::random`).
     pub fn random(
         gpu: &Gpu,
         program: &Program,
         bf16: bool,
+        nvfp4_experts: bool,
         seed: u64,
     ) -> Result<DeviceWeights, CudaError> {
+        let experts = expert_banks(program);
         let mut dw = DeviceWeights {
             matrices: HashMap::new(),
+            nvfp4: HashMap::new(),
             vectors: HashMap::new(),
             ple: Vec::new(),
             bytes: 0,
@@ -99,6 +112,16 @@ impl DeviceWeights {
                 (-a, a)
             };
             let seed_i = seed ^ ((i as u64 + 1) << 32);
+            if let (true, Some(&rows_per_global), [e, out, inputs]) =
+                (nvfp4_experts, experts.get(&info.name), &info.shape[..])
+            {
+                let cx = Launch::new(gpu);
+                let m =
+                    DeviceNvfp4::random(&cx, [*e, *out, *inputs], rows_per_global, seed_i, name)?;
+                dw.bytes += m.bytes();
+                dw.nvfp4.insert(info.name.clone(), m);
+                continue;
+            }
             if matrix_names.contains(&info.name) && bf16 {
                 let mut m = DeviceMatrix::Bf16(gpu.zeros::<u16>(n, name)?);
                 launch::fill_uniform(&Launch::new(gpu), &mut m, seed_i, lo, hi)?;
@@ -138,9 +161,34 @@ impl DeviceWeights {
         self.matrices.get(name).ok_or_else(|| missing(name))
     }
 
+    pub(super) fn nvfp4(&self, name: &str) -> Result<&DeviceNvfp4, CudaError> {
+        self.nvfp4.get(name).ok_or_else(|| missing(name))
+    }
+
     pub(super) fn vector(&self, name: &str) -> Result<&CudaSlice<f32>, CudaError> {
         self.vectors.get(name).ok_or_else(|| missing(name))
     }
+}
+
+/// The routed experts' banks and the rows of one checkpoint tensor of each (an NVFP4 global's
+/// rows: gate/up banks hold an expert's gate tensor, then its up tensor).
+fn expert_banks(program: &Program) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for n in &program.nodes {
+        if let crate::ir::Op::MoeExperts { intermediate, .. } = &n.op {
+            if let [gate_up, down] = &n.weights[..] {
+                out.insert(gate_up.clone(), *intermediate);
+                let hidden = program
+                    .weights
+                    .iter()
+                    .find(|w| &w.name == down)
+                    .and_then(|w| w.shape.get(1).copied())
+                    .unwrap_or(0);
+                out.insert(down.clone(), hidden);
+            }
+        }
+    }
+    out
 }
 
 /// Weights read by the matrix kernels (`Op::weight_is_matrix`).

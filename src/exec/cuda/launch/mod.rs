@@ -13,6 +13,7 @@ pub mod gdn;
 pub mod layout;
 pub mod linear;
 pub mod moe;
+pub mod moe_nvfp4;
 pub mod ple;
 pub mod sampling;
 
@@ -219,6 +220,24 @@ pub fn fill_uniform(
     arg_matrix(&mut b, out);
     b.arg(&n64).arg(&seed).arg(&lo).arg(&hi);
     // SAFETY: the kernel writes exactly n elements of `out`.
+    launched(kernel, unsafe { b.launch(grid_for(n, 256)) })
+}
+
+/// Fills `out` with bytes uniform in `[lo, hi]`, value i a function of (seed, i) only.
+pub fn fill_bytes(
+    cx: &Launch,
+    out: &mut CudaSlice<u8>,
+    seed: u64,
+    lo: u8,
+    hi: u8,
+) -> Result<(), CudaError> {
+    let kernel = "fill_bytes_u8";
+    let n = out.len();
+    let (n64, lo32, hi32) = (n as i64, lo.min(hi) as u32, hi.max(lo) as u32);
+    let f = cx.function("random.cu", kernel)?;
+    let mut b = cx.launch_builder(&f);
+    b.arg(out).arg(&n64).arg(&seed).arg(&lo32).arg(&hi32);
+    // SAFETY: the kernel writes exactly n bytes of `out`.
     launched(kernel, unsafe { b.launch(grid_for(n, 256)) })
 }
 

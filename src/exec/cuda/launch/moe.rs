@@ -17,7 +17,7 @@ use crate::registry::cuda::moe::{
     down_rows_fits, down_rows_shared, DOWN_ROWS, ROUTER_PER_LANE, ROUTER_THREADS,
 };
 /// Dynamic shared memory a kernel may use without opting in.
-const SHARED_LIMIT: usize = 48 * 1024;
+pub(super) const SHARED_LIMIT: usize = 48 * 1024;
 /// Warps per block of the expert kernels (small blocks: even work over the SMs).
 const EXPERT_WARPS: usize = 4;
 /// Slot passes a warp of the down kernel runs at once (`DOWN_PASSES` in kernels/moe.cu).
@@ -376,8 +376,8 @@ fn launch_down(
 const EM_TILE: usize = 64;
 /// Outputs and threads of a block of the tensor-core expert-major kernels (`EM_MMA_BN`, 2 x 4
 /// warps in kernels/moe.cu).
-const EM_MMA_OUTPUTS: usize = 128;
-const EM_MMA_THREADS: u32 = 256;
+pub(super) const EM_MMA_OUTPUTS: usize = 128;
+pub(super) const EM_MMA_THREADS: u32 = 256;
 /// Threads of the expert-major grouping kernel (one block).
 const EM_GROUP_THREADS: u32 = 1024;
 
@@ -412,10 +412,6 @@ pub fn moe_experts_expert_major(
         down.kernel("moe_experts_expert_major_down"),
     );
     let (gu_kernel, down_kernel) = (gu_name.as_str(), down_name.as_str());
-    let (group_kernel, combine_kernel) = (
-        "moe_experts_expert_major_group",
-        "moe_experts_expert_major_combine_f32",
-    );
     let experts = expert_shapes(
         [gu_kernel, down_kernel],
         x,
@@ -429,49 +425,13 @@ pub fn moe_experts_expert_major(
         intermediate,
     )?;
     let slots = rows * top_k;
-    let max_tiles = slots.div_ceil(EM_TILE) + experts;
-    let group_shared = 3 * experts * std::mem::size_of::<i32>();
-    shape(
-        group_kernel,
-        group_shared <= SHARED_LIMIT - 1024 && slots <= i32::MAX as usize,
-        || format!("{experts} experts ({group_shared} bytes of shared memory), {slots} slots"),
-    )?;
     shape(
         gu_kernel,
         intermediate.div_ceil(EM_TILE) <= 65_535 && hidden.div_ceil(EM_TILE) <= 65_535,
         || format!("{intermediate} or {hidden} outputs: too many tiles of {EM_TILE}"),
     )?;
-    let (s64, t64, k32, h64, e64, e32, mt64) = (
-        slots as i64,
-        rows as i64,
-        top_k as i32,
-        hidden as i64,
-        experts as i64,
-        experts as i32,
-        max_tiles as i64,
-    );
-
-    let mut order = cx.scratch::<i32>(slots, "expert-major slot order")?;
-    let mut tiles = cx.scratch::<i32>(3 * max_tiles, "expert-major tiles")?;
-    let f = cx.function("moe.cu", group_kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (EM_GROUP_THREADS, 1, 1),
-        shared_mem_bytes: group_shared as u32,
-    };
-    let mut b = cx.launch_builder(&f);
-    b.arg(&mut *order)
-        .arg(&mut *tiles)
-        .arg(ids)
-        .arg(&s64)
-        .arg(&e32)
-        .arg(&mt64);
-    // SAFETY: one block; ids holds `slots` values (those outside [0, experts) are skipped);
-    // order holds `slots` ints and tiles 3*max_tiles, max_tiles >= ceil(slots/64) + experts
-    // (every tile the grouping makes, and the rest are marked -1); the dynamic shared memory
-    // holds 3*experts ints.
-    launched(group_kernel, unsafe { b.launch(cfg) })?;
-
+    let groups = group_slots(cx, ids, slots, experts)?;
+    let max_tiles = groups.max_tiles;
     let mut out = cx.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
     if tensor_cores {
         shape(
@@ -503,19 +463,88 @@ pub fn moe_experts_expert_major(
         cx,
         &mut out,
         x,
-        &order,
-        &tiles,
+        &groups.order,
+        &groups.tiles,
         gate_up,
         down,
         [max_tiles, slots, top_k, hidden, intermediate],
         kernels,
     )?;
 
+    combine_slots(cx, &out, ids, w, [rows, top_k, hidden, experts])
+}
+
+/// The slots of an expert-major launch grouped by expert (`moe_experts_expert_major_group`).
+pub(super) struct SlotGroups {
+    /// The valid slots, by expert.
+    pub order: Buf<i32>,
+    /// Per tile (expert, first index in `order`, slots), -1 past the last.
+    pub tiles: Buf<i32>,
+    /// Tiles the table holds: the most the grouping can make, ceil(slots / 64) + experts (the
+    /// grids are sized for it; blocks past the last tile return at once).
+    pub max_tiles: usize,
+}
+
+/// Groups the `slots` of `ids` by expert on the device (one block).
+pub(super) fn group_slots(
+    cx: &Launch,
+    ids: &CudaSlice<i64>,
+    slots: usize,
+    experts: usize,
+) -> Result<SlotGroups, CudaError> {
+    let group_kernel = "moe_experts_expert_major_group";
+    let max_tiles = slots.div_ceil(EM_TILE) + experts;
+    let group_shared = 3 * experts * std::mem::size_of::<i32>();
+    shape(
+        group_kernel,
+        group_shared <= SHARED_LIMIT - 1024 && slots <= i32::MAX as usize,
+        || format!("{experts} experts ({group_shared} bytes of shared memory), {slots} slots"),
+    )?;
+    let (s64, e32, mt64) = (slots as i64, experts as i32, max_tiles as i64);
+    let mut order = cx.scratch::<i32>(slots, "expert-major slot order")?;
+    let mut tiles = cx.scratch::<i32>(3 * max_tiles, "expert-major tiles")?;
+    let f = cx.function("moe.cu", group_kernel)?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (EM_GROUP_THREADS, 1, 1),
+        shared_mem_bytes: group_shared as u32,
+    };
+    let mut b = cx.launch_builder(&f);
+    b.arg(&mut *order)
+        .arg(&mut *tiles)
+        .arg(ids)
+        .arg(&s64)
+        .arg(&e32)
+        .arg(&mt64);
+    // SAFETY: one block; ids holds `slots` values (those outside [0, experts) are skipped);
+    // order holds `slots` ints and tiles 3*max_tiles, max_tiles >= ceil(slots/64) + experts
+    // (every tile the grouping makes, and the rest are marked -1); the dynamic shared memory
+    // holds 3*experts ints.
+    launched(group_kernel, unsafe { b.launch(cfg) })?;
+    Ok(SlotGroups {
+        order,
+        tiles,
+        max_tiles,
+    })
+}
+
+/// y [rows, hidden] = Σ_j w[t, j] · out[t·top_k + j] in slot order
+/// (`moe_experts_expert_major_combine_f32`); `dims`: rows, top k, hidden, experts.
+pub(super) fn combine_slots(
+    cx: &Launch,
+    out: &CudaSlice<f32>,
+    ids: &CudaSlice<i64>,
+    w: &CudaSlice<f32>,
+    dims: [usize; 4],
+) -> Result<Buf<f32>, CudaError> {
+    let [rows, top_k, hidden, experts] = dims;
+    let combine_kernel = "moe_experts_expert_major_combine_f32";
+    let (t64, k32, h64, e64) = (rows as i64, top_k as i32, hidden as i64, experts as i64);
     let f = cx.function("moe.cu", combine_kernel)?;
     let mut y = cx.output::<f32>(rows * hidden, combine_kernel)?;
     let mut b = cx.launch_builder(&f);
     b.arg(&mut *y)
-        .arg(&*out)
+        .arg(out)
         .arg(ids)
         .arg(w)
         .arg(&t64)

@@ -15,7 +15,7 @@ use cudarc::driver::CudaSlice;
 use crate::exec::cuda::context::Launch;
 use crate::exec::cuda::device::ReadyInputs;
 use crate::exec::cuda::error::CudaError;
-use crate::exec::cuda::launch::DeviceMatrix;
+use crate::exec::cuda::launch::{moe_nvfp4::DeviceNvfp4, DeviceMatrix};
 use crate::ir::{GateActivation, Node, Op, Program};
 
 use super::{DVal, DevState, DeviceWeights, ValueShape};
@@ -75,6 +75,11 @@ impl<'a> NodeArgs<'a> {
     /// Weight `i` of the node, a matrix.
     pub fn matrix(&self, i: usize) -> Result<&'a DeviceMatrix, CudaError> {
         self.weights.matrix(&self.node.weights[i])
+    }
+
+    /// Weight `i` of the node, an NVFP4 bank.
+    pub fn nvfp4(&self, i: usize) -> Result<&'a DeviceNvfp4, CudaError> {
+        self.weights.nvfp4(&self.node.weights[i])
     }
 
     /// Weight `i` of the node, a vector.

@@ -1,7 +1,7 @@
 //! The routed experts: the router's top-k and the experts' gate/up, SiLU and down.
 
 use super::*;
-use crate::exec::cuda::launch::moe;
+use crate::exec::cuda::launch::{moe, moe_nvfp4};
 
 pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> {
     let rows = a.rows();
@@ -17,6 +17,16 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
         Op::MoeExperts { intermediate, .. } => {
             let (x, ids, ws) = (a.f32(0), a.i64(1), a.f32(2));
             let (k, hidden) = (a.width(1), a.width(0));
+            let dims = [rows, k, hidden, *intermediate];
+            if let v @ ("nvfp4_token_major" | "nvfp4_expert_major_mma") = a.variant() {
+                let (gate_up, down) = (a.nvfp4(0)?, a.nvfp4(1)?);
+                let y = if v == "nvfp4_token_major" {
+                    moe_nvfp4::moe_experts_nvfp4_token_major(cx, x, ids, ws, gate_up, down, dims)?
+                } else {
+                    moe_nvfp4::moe_experts_nvfp4_expert_major(cx, x, ids, ws, gate_up, down, dims)?
+                };
+                return Ok(vec![DVal::F32(y)]);
+            }
             let (gate_up, down) = (a.matrix(0)?, a.matrix(1)?);
             let y = match a.variant() {
                 v @ ("token_major" | "token_major_rows") => moe::moe_experts_with_down(
