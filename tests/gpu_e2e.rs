@@ -224,7 +224,12 @@ fn long_prompts_take_the_prefill_variants() {
             .collect();
         // QSA's attention is fused with its norms and gate (`gated_attention` in fusions.ron).
         assert!(variants.contains("gated_attention/split"), "{variants:?}");
-        if gpu.weight_dtype == "bf16" {
+        if gpu.expert_format == Some(graphrun::registry::WeightFormat::Nvfp4) {
+            assert!(
+                variants.contains("moe_experts/nvfp4_expert_major_mma"),
+                "{variants:?}"
+            );
+        } else if gpu.weight_dtype == "bf16" {
             assert!(
                 variants.contains("linear/mma_wide")
                     && variants.contains("moe_experts/expert_major_mma"),

@@ -2,7 +2,10 @@
 //! U8 codes, E4M3 scales with NaN codes among them, f32 global scales, `hf_quant_config.json`);
 //! loading it gives the logits of the same model with each expert matrix replaced by its exact
 //! dequantisation, computed here from the spec's formula; and every malformed piece is refused
-//! by its tensor or file name.
+//! by its tensor or file name. The committed fixture `tests/fixtures/tiny-nvfp4` (such a
+//! checkpoint with an f32 trunk) is compared with transformers: logits within 1e-5, as
+//! tests/parity.rs, and identical greedy tokens, against the `expected.safetensors` that
+//! `scripts/make_nvfp4_fixture.py` makes from it.
 
 mod common;
 
@@ -12,7 +15,7 @@ use std::path::{Path, PathBuf};
 use graphrun::checkpoint::{self, Checkpoint, DType, TensorData};
 use graphrun::ir::LogitsMode;
 use graphrun::plan::ModelPlan;
-use graphrun::runtime::{Model, ModelOptions};
+use graphrun::runtime::{GenerateOptions, Model, ModelOptions, Sampling};
 use graphrun::synth::{self, ExpertFormat, SynthDtype, SynthOptions};
 
 /// The tiny model's config with its routed experts in NVFP4, written to a fresh directory.
@@ -129,13 +132,10 @@ fn dequantized_copy(dir: &Path, tag: &str) -> PathBuf {
     out
 }
 
-#[test]
-fn an_nvfp4_checkpoint_computes_with_its_exact_dequantisation() {
-    let dir = nvfp4_checkpoint("nvfp4-exact");
-    let ck = Checkpoint::open_dir(&dir).unwrap();
-    // The synthetic checkpoint holds NaN scale bytes, so the convention is exercised.
-    let nan_scales = ck
-        .names()
+/// How many E4M3 NaN codes (0x7F, 0xFF) the checkpoint's scales hold.
+fn nan_scale_bytes(dir: &Path) -> usize {
+    let ck = Checkpoint::open_dir(dir).unwrap();
+    ck.names()
         .filter(|n| n.ends_with(".weight_scale"))
         .map(|n| {
             ck.bytes(n)
@@ -144,14 +144,27 @@ fn an_nvfp4_checkpoint_computes_with_its_exact_dequantisation() {
                 .filter(|&&b| b & 0x7F == 0x7F)
                 .count()
         })
-        .sum::<usize>();
+        .sum::<usize>()
+}
+
+#[test]
+fn an_nvfp4_checkpoint_computes_with_its_exact_dequantisation() {
+    let dir = nvfp4_checkpoint("nvfp4-exact");
+    // The synthetic checkpoint holds NaN scale bytes, so the convention is exercised.
     assert!(
-        nan_scales > 0,
+        nan_scale_bytes(&dir) > 0,
         "no NaN scale byte in the synthetic checkpoint"
     );
-    let reference = dequantized_copy(&dir, "nvfp4-exact-ref");
+    assert_equals_its_dequantisation(&dir, "nvfp4-exact-ref");
+}
+
+/// The model of `dir` (NVFP4 experts) gives, bit for bit, the logits of its copy with every
+/// expert bank replaced by the spec's dequantisation in f32, and reports every routed-expert
+/// bank as NVFP4.
+fn assert_equals_its_dequantisation(dir: &Path, tag: &str) {
+    let reference = dequantized_copy(dir, tag);
     let prompt = [5u32, 6, 7, 8, 9, 10, 11];
-    let nv = Model::load(&dir, ModelOptions::default()).unwrap();
+    let nv = Model::load(dir, ModelOptions::default()).unwrap();
     // Every routed-expert bank (gate_up and down of each layer) is reported as NVFP4.
     let layers = nv.plan.num_layers;
     assert_eq!(
@@ -177,6 +190,82 @@ fn an_nvfp4_checkpoint_computes_with_its_exact_dequantisation() {
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
     assert_eq!(differing, 0, "logits differ from the dequantised model's");
+}
+
+/// The committed NVFP4 parity fixture: written by `graphrun synth --experts nvfp4 --dtype f32
+/// --seed 5005` (the command is in scripts/make_nvfp4_fixture.py), its expected outputs by that
+/// script with transformers.
+const FIXTURE: &str = "tests/fixtures/tiny-nvfp4";
+
+/// As tests/parity.rs: per row, relative to the row's largest |logit|.
+const TOLERANCE: f32 = 1e-5;
+
+/// The fixture's directory and transformers' outputs for it; a clear failure while
+/// `expected.safetensors` has not been made.
+fn fixture_expected() -> (PathBuf, common::Expected) {
+    let dir = common::repo().join(FIXTURE);
+    let path = dir.join("expected.safetensors");
+    assert!(
+        path.exists(),
+        "{} is missing: transformers' outputs for the NVFP4 fixture are made on the GPU machine \
+         (torch, safetensors, transformers with qwen4_exp; run on its CPU) by \
+         `CUDA_VISIBLE_DEVICES= python3 scripts/make_nvfp4_fixture.py --model {FIXTURE}`, which \
+         writes expected.safetensors and meta.json into {FIXTURE}: commit both, and the printout as \
+         results/fixtures-nvfp4.log (scripts/README.md)",
+        path.display()
+    );
+    let exp = common::expected(&dir);
+    (dir, exp)
+}
+
+/// What the parity below stands on: the fixture is an NVFP4 checkpoint (every routed-expert
+/// bank, NaN scale bytes among the scales, an f32 trunk), computed exactly as its dequantisation.
+#[test]
+fn the_nvfp4_fixture_is_nvfp4_with_nan_scales_and_an_f32_trunk() {
+    let dir = common::repo().join(FIXTURE);
+    assert!(
+        dir.join("hf_quant_config.json").exists(),
+        "{FIXTURE}: no hf_quant_config.json"
+    );
+    assert!(nan_scale_bytes(&dir) > 0, "{FIXTURE}: no NaN scale byte");
+    let model = Model::load(&dir, ModelOptions::default()).unwrap();
+    assert_eq!(model.weight_dtype, "f32");
+    assert!(
+        model.unused_tensors.is_empty(),
+        "{:?}",
+        model.unused_tensors
+    );
+    assert_equals_its_dequantisation(&dir, "nvfp4-fixture-ref");
+}
+
+#[test]
+fn nvfp4_fixture_logits_match_transformers() {
+    let (dir, exp) = fixture_expected();
+    let model = Model::load(&dir, ModelOptions::default()).unwrap();
+    let logits = model
+        .session()
+        .prefill(&exp.prompt, LogitsMode::All)
+        .unwrap();
+    assert_eq!(logits.data.len(), exp.prompt.len() * exp.vocab);
+    let err = common::max_row_rel_err(&logits.data, &exp.logits, exp.vocab);
+    eprintln!("{FIXTURE}: max row-relative logit error {err:.2e}");
+    assert!(
+        err <= TOLERANCE,
+        "{FIXTURE}: logits differ from transformers by {err:e}"
+    );
+}
+
+#[test]
+fn nvfp4_fixture_greedy_tokens_match_transformers() {
+    let (dir, exp) = fixture_expected();
+    let model = Model::load(&dir, ModelOptions::default()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: exp.greedy.len(),
+        sampling: Sampling::Greedy,
+        stop_on_eos: false,
+    };
+    let got = model.session().generate(&exp.prompt, &opts).unwrap();
+    assert_eq!(got, exp.greedy, "{FIXTURE}: greedy tokens");
 }
 
 /// The checkpoint of `dir` written again with `edit` applied to its tensor list.
