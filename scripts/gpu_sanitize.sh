@@ -23,6 +23,10 @@ long=(./gpu-bin/graphrun run --model models/tiny-qwen4exp --prompt-ids "$ids" --
 tiny_bf16=/tmp/graphrun-tiny-bf16
 ids70=$(seq -s, 1 70)
 mma=(./gpu-bin/graphrun run --model "$tiny_bf16" --prompt-ids "$ids70" --max-new-tokens 2 --device cuda)
+# The NVFP4 fixture (packed experts with E4M3 NaN scale bytes; vocab 128): one token a step
+# (token-major) after a 70-token prompt (the expert-major tensor-core tiles).
+nvfp4=(./gpu-bin/graphrun run --model tests/fixtures/tiny-nvfp4 --prompt-ids "$ids70" --max-new-tokens 2 --device cuda)
+# The real geometry, one layer, NVFP4 experts (bench's default).
 real=(./gpu-bin/graphrun bench --layers 1 --contexts 16 --prefills 16 --chunk 16 --decode-steps 2)
 # A prefill of 80 tokens at the real geometry: at least 64, so the tensor-core tiles run (a
 # part-full tile of tokens, split k for the narrow products, the expert-major experts).
@@ -47,6 +51,8 @@ check() {
     ./gpu-bin/graphrun synth --config models/tiny-qwen4exp/config.json --dtype bf16 --out "$tiny_bf16"
     check memcheck "${mma[@]}"
     check racecheck "${mma[@]}" --sync-each-node
+    check memcheck "${nvfp4[@]}"
+    check racecheck "${nvfp4[@]}" --sync-each-node
     check memcheck "${real[@]}"
     check memcheck "${real_mma[@]}"
     # No racecheck on real_mma: it takes longer than ~4 minutes there (the tensor-core tiles get it

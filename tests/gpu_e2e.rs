@@ -5,6 +5,7 @@
 
 mod common;
 
+use graphrun::exec::cuda::executor::DeviceWeights;
 use graphrun::ir::LogitsMode;
 use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling, Session};
 
@@ -308,4 +309,65 @@ fn wide_gdn_heads_take_the_unfused_launches() {
     assert!(err <= TOLERANCE, "{err:e} from the CPU executor");
     assert!(replays >= 2, "decode steps replay their graphs");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A CUDA load copies each tensor from the mapped files to the device in the device's format
+/// (`DeviceWeights::load`, no host copy of the model): the device then holds exactly what the
+/// upload of the CPU's widened weights holds, byte for byte, on every fixture (f32, bf16, the
+/// NVFP4 one's packed banks), and the model keeps no host weights.
+#[test]
+fn a_direct_load_places_what_the_widened_upload_places() {
+    let Some(gpu) = common::gpu::gpu_or_skip() else {
+        return;
+    };
+    for dir in common::fixture_dirs() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let direct = Model::load(&dir, cuda()).unwrap();
+        assert_eq!(direct.weights.len(), 0, "{name}: no host copy");
+        let report = direct.load_report.unwrap();
+        println!("{name:<22} {report}");
+        let program = direct
+            .program(graphrun::ir::Phase::Decode, 1, LogitsMode::Last)
+            .unwrap();
+        let cpu = Model::load(&dir, ModelOptions::default()).unwrap();
+        let mut host = cpu.weights.clone();
+        if direct.expert_format.is_some() {
+            // The packed banks, as a device load of the CPU's kind would keep them.
+            let ckpt = graphrun::checkpoint::Checkpoint::open_dir(&dir).unwrap();
+            let quant = graphrun::quant::QuantConfig::from_model_dir(&dir).unwrap();
+            let resolved = graphrun::weights::check_contract(
+                &ckpt,
+                &name,
+                &program.weights,
+                &program.consts,
+                cpu.plan.moe.num_experts,
+                quant.as_ref(),
+            )
+            .unwrap();
+            host = graphrun::weights::contract::load_with(
+                &ckpt,
+                &resolved,
+                graphrun::weights::contract::Nvfp4Load::Packed,
+            )
+            .unwrap();
+        }
+        let uploaded =
+            DeviceWeights::upload(&gpu, &program, &host, direct.weight_dtype == "bf16").unwrap();
+        let a = direct
+            .backend
+            .cuda()
+            .unwrap()
+            .weights
+            .contents(&direct.backend.cuda().unwrap().gpu)
+            .unwrap();
+        let b = uploaded.contents(&gpu).unwrap();
+        assert_eq!(
+            a.keys().collect::<Vec<_>>(),
+            b.keys().collect::<Vec<_>>(),
+            "{name}"
+        );
+        for (k, v) in &a {
+            assert!(v == &b[k], "{name}: {k} differs");
+        }
+    }
 }

@@ -299,6 +299,9 @@ fn load_model(
     if let Some(notice) = &model.fallback_notice {
         stderr::line(format_args!("notice: {notice}"));
     }
+    if let Some(report) = &model.load_report {
+        stderr::line(format_args!("loaded {report}"));
+    }
     Ok(model)
 }
 

@@ -37,6 +37,7 @@ mod writer;
 mod tests;
 
 pub use dir::{INDEX_FILE, SINGLE_FILE};
+pub(crate) use dtype::bytes_to_f32;
 pub use dtype::DType;
 pub use error::CheckpointError;
 pub use finite::{find_non_finite, NonFinite};

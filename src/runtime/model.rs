@@ -136,6 +136,8 @@ pub struct Model {
     /// How the backend stores the routed experts, where not as the other matrices (NVFP4 banks
     /// on CUDA).
     pub expert_format: Option<WeightFormat>,
+    /// How the weights reached the device (a CUDA load from files).
+    pub load_report: Option<crate::exec::cuda::executor::LoadReport>,
     options: ModelOptions,
     programs: Mutex<HashMap<(Phase, usize, LogitsMode), Arc<Program>>>,
 }
@@ -164,28 +166,29 @@ impl Model {
             quant.as_ref(),
         )?;
         let (gpu, fallback_notice) = pick_gpu(options.device)?;
-        // A device computes with NVFP4 banks as stored; the CPU reference with their widening.
-        let nvfp4 = if gpu.is_some() {
-            weights::contract::Nvfp4Load::Packed
-        } else {
-            weights::contract::Nvfp4Load::Widen
+        // On a device, every tensor goes from the mapped files to the device in the format the
+        // device keeps it: no host copy of the model. On the CPU, everything is widened to f32.
+        let host_weights = match gpu {
+            Some(_) => Weights::new(),
+            None => weights::contract::load(&ckpt, &resolved)?,
         };
-        let weights = weights::contract::load_with(&ckpt, &resolved, nvfp4)?;
-        let mut model = Model::from_parts(plan, graphs, weights, options);
+        let mut model = Model::from_parts(plan, graphs, host_weights, options);
         model.stored_formats = stored_formats(&ckpt, &resolved);
-        model.weight_dtype = resolved.float_dtype;
-        model.unused_tensors = resolved.unused;
+        model.weight_dtype = resolved.float_dtype.clone();
+        model.unused_tensors = resolved.unused.clone();
         model.fallback_notice = fallback_notice;
         if let Some(gpu) = gpu {
-            if model.weights.nvfp4_names().next().is_some() {
+            if !resolved.nvfp4.is_empty() {
                 model.expert_format = Some(WeightFormat::Nvfp4);
             }
-            let weights = DeviceWeights::upload(
+            let (weights, report) = DeviceWeights::load(
                 &gpu,
                 &probe.program,
-                &model.weights,
+                &ckpt,
+                &resolved,
                 model.weight_dtype == "bf16",
             )?;
+            model.load_report = Some(report);
             model.backend = cuda_backend(&model.plan, &model.options, gpu, weights);
         }
         Ok(model)
@@ -239,6 +242,7 @@ impl Model {
             backend: Backend::Cpu,
             fallback_notice: None,
             expert_format: None,
+            load_report: None,
             options,
             programs: Mutex::new(HashMap::new()),
         }

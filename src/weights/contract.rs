@@ -596,6 +596,35 @@ pub fn buffer_expectation(name: &str, consts: &Consts) -> Option<Vec<i64>> {
     }
 }
 
+/// Scans every stored float tensor of a checked contract for NaN and infinity
+/// ([`find_non_finite`], on the mapped bytes, in parallel): the list of those that hold some, by
+/// tensor name. (NVFP4 codes and scales have no non-finite values: NaN scale bytes read as +0,
+/// and the global scales were checked finite and positive.)
+pub fn check_finite(ckpt: &Checkpoint, resolved: &Resolved) -> Result<(), ContractError> {
+    let mut bad: Vec<NonFiniteTensor> = resolved
+        .weights
+        .par_iter()
+        .filter(|(w, _)| w.class == WeightClass::Float)
+        .flat_map_iter(|(_, source)| source.tensors())
+        .filter_map(|name| {
+            let info = ckpt.info(name)?;
+            let found = find_non_finite(&info.dtype, ckpt.bytes(name).ok()?)?;
+            Some(NonFiniteTensor {
+                tensor: info.name,
+                file: info.file,
+                dtype: info.dtype,
+                shape: info.shape,
+                found,
+            })
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bad.sort_by(|a, b| a.tensor.cmp(&b.tensor));
+    Err(ContractError::NonFinite { tensors: bad })
+}
+
 /// What a load does with NVFP4 banks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nvfp4Load {
@@ -611,39 +640,18 @@ pub fn load(ckpt: &Checkpoint, resolved: &Resolved) -> Result<Weights, ContractE
 }
 
 /// Loads every float weight of a checked contract (in parallel): as f32, NVFP4 banks as
-/// `nvfp4` says. Each stored float tensor is first scanned for NaN and infinity
-/// ([`find_non_finite`], on the mapped bytes); if any holds some, nothing is returned but the
-/// list of them, by tensor name. (NVFP4 codes and scales have no non-finite values: NaN scale
-/// bytes read as +0, and the global scales were checked finite and positive.)
+/// `nvfp4` says, after [`check_finite`] (if a tensor holds NaN or infinity, nothing is loaded).
 pub fn load_with(
     ckpt: &Checkpoint,
     resolved: &Resolved,
     nvfp4: Nvfp4Load,
 ) -> Result<Weights, ContractError> {
+    check_finite(ckpt, resolved)?;
     let floats: Vec<&(WeightInfo, Source)> = resolved
         .weights
         .iter()
         .filter(|(w, _)| w.class == WeightClass::Float)
         .collect();
-    let mut bad: Vec<NonFiniteTensor> = floats
-        .par_iter()
-        .flat_map_iter(|(_, source)| source.tensors())
-        .filter_map(|name| {
-            let info = ckpt.info(name)?;
-            let found = find_non_finite(&info.dtype, ckpt.bytes(name).ok()?)?;
-            Some(NonFiniteTensor {
-                tensor: info.name,
-                file: info.file,
-                dtype: info.dtype,
-                shape: info.shape,
-                found,
-            })
-        })
-        .collect();
-    if !bad.is_empty() {
-        bad.sort_by(|a, b| a.tensor.cmp(&b.tensor));
-        return Err(ContractError::NonFinite { tensors: bad });
-    }
     let is_packed = |source: &Source| {
         nvfp4 == Nvfp4Load::Packed
             && source

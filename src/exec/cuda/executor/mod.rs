@@ -18,12 +18,14 @@ use super::error::CudaError;
 use super::launch::{self, moe_nvfp4::DeviceNvfp4, DeviceMatrix};
 
 mod instrument;
+mod load;
 mod nodes;
 mod record;
 mod single;
 mod weights;
 
 pub use instrument::{HostTimes, Instrumentation, TraceLog};
+pub use load::{peak_rss_bytes, LoadReport};
 use record::*;
 pub use single::run_node;
 pub use weights::DeviceWeights;

@@ -4,10 +4,10 @@ use super::*;
 
 /// A model's weights on the device.
 pub struct DeviceWeights {
-    matrices: HashMap<String, DeviceMatrix>,
+    pub(super) matrices: HashMap<String, DeviceMatrix>,
     /// NVFP4 expert banks, packed as the checkpoint stores them.
-    nvfp4: HashMap<String, DeviceNvfp4>,
-    vectors: HashMap<String, CudaSlice<f32>>,
+    pub(super) nvfp4: HashMap<String, DeviceNvfp4>,
+    pub(super) vectors: HashMap<String, CudaSlice<f32>>,
     /// PLE hash tables per table index: multipliers, sizes, offsets.
     pub(super) ple: Vec<[CudaSlice<i64>; 3]>,
     pub bytes: usize,
@@ -146,7 +146,52 @@ impl DeviceWeights {
         Ok(dw)
     }
 
-    fn upload_ple_tables(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
+    /// No weights yet.
+    pub(super) fn empty() -> DeviceWeights {
+        DeviceWeights {
+            matrices: HashMap::new(),
+            nvfp4: HashMap::new(),
+            vectors: HashMap::new(),
+            ple: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Every buffer's contents by weight name, as bytes (tests: two loads compared).
+    pub fn contents(
+        &self,
+        gpu: &Gpu,
+    ) -> Result<std::collections::BTreeMap<String, Vec<u8>>, CudaError> {
+        let mut out = std::collections::BTreeMap::new();
+        let f32_bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        for (n, m) in &self.matrices {
+            let bytes = match m {
+                DeviceMatrix::F32(s) => f32_bytes(gpu.download(s, n)?),
+                DeviceMatrix::Bf16(s) => gpu
+                    .download(s, n)?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            };
+            out.insert(n.clone(), bytes);
+        }
+        for (n, v) in &self.vectors {
+            out.insert(n.clone(), f32_bytes(gpu.download(v, n)?));
+        }
+        for (n, b) in &self.nvfp4 {
+            let mut bytes = gpu.download(&b.codes, n)?;
+            bytes.extend(gpu.download(&b.scales, n)?);
+            bytes.extend(f32_bytes(gpu.download(&b.globals, n)?));
+            out.insert(n.clone(), bytes);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn upload_ple_tables(
+        &mut self,
+        gpu: &Gpu,
+        program: &Program,
+    ) -> Result<(), CudaError> {
         for t in &program.consts.ple_tables {
             self.ple.push([
                 gpu.upload(&t.multipliers, "PLE multipliers")?,
@@ -192,7 +237,7 @@ fn expert_banks(program: &Program) -> HashMap<String, usize> {
 }
 
 /// Weights read by the matrix kernels (`Op::weight_is_matrix`).
-fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
+pub(super) fn matrix_weights(program: &Program) -> std::collections::HashSet<String> {
     program
         .nodes
         .iter()

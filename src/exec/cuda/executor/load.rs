@@ -1,0 +1,267 @@
+//! Loading a checked checkpoint straight onto the device: each tensor goes from the mapped file
+//! to the device in the format the device keeps it (bf16 matrices of a bf16 checkpoint and NVFP4
+//! banks as stored, everything else widened to f32), with no host copy of the model: bytes
+//! already in the device's format are copied from the mapping itself, the rest through a
+//! staging buffer of at most `STAGING_BYTES`.
+
+use std::time::Instant;
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
+use super::weights::matrix_weights;
+use super::*;
+use crate::checkpoint::{Checkpoint, DType};
+use crate::error::Error;
+use crate::weights::contract::{self, Resolved};
+
+/// Largest conversion buffer a load holds at once.
+const STAGING_BYTES: usize = 64 << 20;
+
+/// What a load moved and how fast.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadReport {
+    /// Bytes placed on the device (weights, as the device holds them).
+    pub device_bytes: usize,
+    pub seconds: f64,
+    /// The process's peak resident memory after the load (Linux: `VmHWM`), if known.
+    pub peak_rss_bytes: Option<usize>,
+}
+
+impl LoadReport {
+    pub fn gb_per_s(&self) -> f64 {
+        self.device_bytes as f64 / self.seconds.max(1e-9) / 1e9
+    }
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} GB onto the device in {:.2} s ({:.2} GB/s)",
+            self.device_bytes as f64 / 1e9,
+            self.seconds,
+            self.gb_per_s()
+        )?;
+        if let Some(rss) = self.peak_rss_bytes {
+            write!(f, ", peak host RSS {:.2} GB", rss as f64 / 1e9)?;
+        }
+        Ok(())
+    }
+}
+
+/// The process's peak resident set (`VmHWM` of /proc/self/status), where the system says.
+pub fn peak_rss_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl DeviceWeights {
+    /// Every weight `program` uses, from the checked contract `resolved` of `ckpt`, after the
+    /// non-finite scan ([`contract::check_finite`]); matrices as bf16 when `bf16` (a bf16
+    /// checkpoint), NVFP4 banks packed.
+    pub fn load(
+        gpu: &Gpu,
+        program: &Program,
+        ckpt: &Checkpoint,
+        resolved: &Resolved,
+        bf16: bool,
+    ) -> Result<(DeviceWeights, LoadReport), Error> {
+        let start = Instant::now();
+        contract::check_finite(ckpt, resolved)?;
+        let mut dw = DeviceWeights::empty();
+        let matrix_names = matrix_weights(program);
+        let used: std::collections::HashSet<&str> =
+            program.weights.iter().map(|w| w.name.as_str()).collect();
+        for (info, source) in &resolved.weights {
+            if info.class != WeightClass::Float || !used.contains(info.name.as_str()) {
+                continue;
+            }
+            let parts = source.tensors();
+            let name = info.name.as_str();
+            if parts
+                .first()
+                .is_some_and(|t| resolved.nvfp4.contains_key(*t))
+            {
+                let bank = nvfp4_bank(gpu, ckpt, resolved, info, &parts)?;
+                dw.bytes += bank.bytes();
+                dw.nvfp4.insert(info.name.clone(), bank);
+            } else if matrix_names.contains(name) && bf16 {
+                let m = upload_parts::<u16>(gpu, ckpt, &parts, name)?;
+                dw.bytes += m.len() * 2;
+                dw.matrices.insert(info.name.clone(), DeviceMatrix::Bf16(m));
+            } else {
+                let v = upload_parts::<f32>(gpu, ckpt, &parts, name)?;
+                dw.bytes += v.len() * 4;
+                if matrix_names.contains(name) {
+                    dw.matrices.insert(info.name.clone(), DeviceMatrix::F32(v));
+                } else {
+                    dw.vectors.insert(info.name.clone(), v);
+                }
+            }
+        }
+        dw.upload_ple_tables(gpu, program)?;
+        gpu.sync("loading the weights")?;
+        let report = LoadReport {
+            device_bytes: dw.bytes,
+            seconds: start.elapsed().as_secs_f64(),
+            peak_rss_bytes: peak_rss_bytes(),
+        };
+        Ok((dw, report))
+    }
+}
+
+/// An element type the device keeps a stored tensor in.
+trait Element: DeviceRepr + ValidAsZeroBits + Copy + Default {
+    const NAME: &'static str;
+    /// Whether `dtype`'s bytes are this type's values as they are.
+    fn stored_as(dtype: &DType) -> bool;
+    /// Appends `chunk` (whole values of `dtype`) converted; `None` for a conversion the device
+    /// does not make.
+    fn extend_from(dtype: &DType, chunk: &[u8], out: &mut Vec<Self>) -> Option<()>;
+}
+
+/// bf16 bits, from bf16 tensors only (the device keeps a bf16 checkpoint's matrices so).
+impl Element for u16 {
+    const NAME: &'static str = "bf16";
+    fn stored_as(dtype: &DType) -> bool {
+        *dtype == DType::BF16
+    }
+    fn extend_from(dtype: &DType, chunk: &[u8], out: &mut Vec<u16>) -> Option<()> {
+        Self::stored_as(dtype).then(|| {
+            out.extend(
+                chunk
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]])),
+            );
+        })
+    }
+}
+
+/// f32, from any float tensor (f16 and bf16 widen exactly).
+impl Element for f32 {
+    const NAME: &'static str = "f32";
+    fn stored_as(dtype: &DType) -> bool {
+        *dtype == DType::F32
+    }
+    fn extend_from(dtype: &DType, chunk: &[u8], out: &mut Vec<f32>) -> Option<()> {
+        out.extend(crate::checkpoint::bytes_to_f32(dtype, chunk)?);
+        Some(())
+    }
+}
+
+/// The parts' values, one after another, in a device buffer of `T`.
+fn upload_parts<T: Element>(
+    gpu: &Gpu,
+    ckpt: &Checkpoint,
+    parts: &[&str],
+    name: &str,
+) -> Result<CudaSlice<T>, Error> {
+    let mut infos = Vec::with_capacity(parts.len());
+    for p in parts {
+        let info = ckpt.info(p).ok_or_else(|| {
+            Error::Input(format!("weight `{name}`: checkpoint tensor `{p}` vanished"))
+        })?;
+        infos.push(info);
+    }
+    let elements: usize = infos
+        .iter()
+        .map(|i| i.shape.iter().product::<usize>())
+        .sum();
+    let mut dst = gpu.zeros::<T>(elements, name)?;
+    let mut at = 0usize;
+    for (p, info) in parts.iter().zip(&infos) {
+        let bytes = ckpt.bytes(p)?;
+        let width = info.dtype.size_bytes().unwrap_or(0);
+        let n = info.shape.iter().product::<usize>();
+        if width == 0 || bytes.len() != n * width {
+            return Err(Error::Input(format!(
+                "tensor `{p}` ({}): {} bytes for {n} values",
+                info.dtype,
+                bytes.len()
+            )));
+        }
+        // SAFETY: u16 and f32 take every bit pattern; `align_to` only splits off what is not
+        // aligned.
+        let (head, body, tail) = unsafe { bytes.align_to::<T>() };
+        if T::stored_as(&info.dtype) && head.is_empty() && tail.is_empty() {
+            let mut view = dst.slice_mut(at..at + n);
+            gpu.stream.memcpy_htod(body, &mut view).map_err(|e| {
+                CudaError::driver(format!("uploading {name}"), Some(bytes.len()), e)
+            })?;
+        } else {
+            let per_chunk = (STAGING_BYTES / std::mem::size_of::<T>()).max(1);
+            let mut staging: Vec<T> = Vec::with_capacity(per_chunk.min(n));
+            for (c, chunk) in bytes.chunks(per_chunk * width).enumerate() {
+                staging.clear();
+                T::extend_from(&info.dtype, chunk, &mut staging).ok_or_else(|| {
+                    Error::Input(format!(
+                        "tensor `{p}`: {} cannot be stored as {}",
+                        info.dtype,
+                        T::NAME
+                    ))
+                })?;
+                let first = at + c * per_chunk;
+                let mut view = dst.slice_mut(first..first + staging.len());
+                gpu.stream.memcpy_htod(&staging, &mut view).map_err(|e| {
+                    CudaError::driver(format!("uploading {name}"), Some(chunk.len()), e)
+                })?;
+            }
+        }
+        at += n;
+    }
+    Ok(dst)
+}
+
+/// An NVFP4 bank from its parts (each an NVFP4 matrix of one shape), codes and scales copied
+/// from the mapping as stored.
+fn nvfp4_bank(
+    gpu: &Gpu,
+    ckpt: &Checkpoint,
+    resolved: &Resolved,
+    info: &crate::ir::WeightInfo,
+    parts: &[&str],
+) -> Result<DeviceNvfp4, Error> {
+    let name = info.name.as_str();
+    let mats: Vec<_> = parts
+        .iter()
+        .filter_map(|p| resolved.nvfp4.get(*p))
+        .collect();
+    let [experts, out, inputs] = info.shape[..] else {
+        return Err(Error::Input(format!(
+            "weight `{name}`: an NVFP4 bank of shape {:?}",
+            info.shape
+        )));
+    };
+    let rows = experts * out;
+    let mut codes = gpu.zeros::<u8>(rows * inputs / 2, name)?;
+    let mut scales = gpu.zeros::<u8>(rows * inputs / crate::quant::nvfp4::GROUP, name)?;
+    let (mut c_at, mut s_at) = (0usize, 0usize);
+    let mut globals = Vec::with_capacity(mats.len());
+    for m in &mats {
+        for (src, dst, at) in [
+            (ckpt.bytes(&m.codes)?, &mut codes, &mut c_at),
+            (ckpt.bytes(&m.scale)?, &mut scales, &mut s_at),
+        ] {
+            if *at + src.len() > dst.len() {
+                return Err(Error::Input(format!(
+                    "weight `{name}`: its NVFP4 parts hold more bytes than [{experts}, {out}, {inputs}]"
+                )));
+            }
+            let mut view = dst.slice_mut(*at..*at + src.len());
+            gpu.stream
+                .memcpy_htod(src, &mut view)
+                .map_err(|e| CudaError::driver(format!("uploading {name}"), Some(src.len()), e))?;
+            *at += src.len();
+        }
+        globals.push(ckpt.to_f32(&m.global)?[0]);
+    }
+    Ok(DeviceNvfp4 {
+        codes,
+        scales,
+        globals: gpu.upload(&globals, name)?,
+        rows_per_global: mats.first().map_or(1, |m| m.out),
+        shape: [experts, out, inputs],
+    })
+}
