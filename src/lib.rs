@@ -18,6 +18,7 @@ pub mod lower;
 pub mod ops;
 pub mod passes;
 pub mod plan;
+pub mod progress;
 pub mod quant;
 pub mod registry;
 pub mod rules;

@@ -228,6 +228,7 @@ fn synth_checkpoints_load_back() {
                 seed: 4,
                 shard_bytes: 64 << 10,
                 experts: Default::default(),
+                sparse: false,
             },
         )
         .unwrap();
@@ -609,6 +610,7 @@ fn synth_f16_loads_and_runs() {
             seed: 5,
             shard_bytes: 1 << 30,
             experts: Default::default(),
+            sparse: false,
         },
     )
     .unwrap();

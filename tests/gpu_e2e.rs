@@ -284,6 +284,7 @@ fn wide_gdn_heads_take_the_unfused_launches() {
         seed: 7,
         shard_bytes: 1 << 30,
         experts: Default::default(),
+        sparse: false,
     };
     graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
     let gpu = Model::load(&dir, cuda()).unwrap();

@@ -249,6 +249,7 @@ fn an_nvfp4_checkpoint_runs_on_the_device_as_on_the_cpu() {
         seed: 5,
         shard_bytes: 1 << 30,
         experts: graphrun::synth::ExpertFormat::Nvfp4,
+        sparse: false,
     };
     graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
     let cpu = Model::load(&dir, ModelOptions::default()).unwrap();

@@ -29,6 +29,7 @@ fn nvfp4_checkpoint(tag: &str) -> PathBuf {
         seed: 11,
         shard_bytes: 1 << 30,
         experts: ExpertFormat::Nvfp4,
+        sparse: false,
     };
     synth::write(&plan, &text, &dir, &opts).unwrap();
     dir

@@ -40,7 +40,8 @@ enum Command {
     Lower(LowerArgs),
     /// Show the plan and check the checkpoint's tensor contract.
     Inspect(InspectArgs),
-    /// Write a random checkpoint in the official layout.
+    /// Write a random checkpoint in the official layout, streamed a tensor at a time (--sparse:
+    /// its matrices left as holes, for timing loads on a small disk).
     Synth(SynthArgs),
     /// Decode and prefill at the real geometry on a CUDA device (random weights made on the device).
     Bench(BenchArgs),
@@ -266,6 +267,11 @@ struct SynthArgs {
     /// expert (with hf_quant_config.json).
     #[arg(long, default_value = "fused")]
     experts: String,
+    /// Leave every tensor of rank 2 or more (conv1d kernels excepted) as a hole of zeros: same
+    /// files and sizes, almost no disk. Norms, scalars, conv kernels and int64 buffers are
+    /// written; NVFP4 global scales come from the fan-in. For timing loads of a full-size model.
+    #[arg(long)]
+    sparse: bool,
 }
 
 fn parse_ids(raw: &[String]) -> Result<Vec<u32>, Error> {
@@ -541,10 +547,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 seed: a.seed,
                 shard_bytes: a.shard_mib.max(1) << 20,
                 experts,
+                sparse: a.sparse,
             };
             synth::write(&plan, &text, &a.out, &opts)?;
             stderr::line(format_args!(
-                "wrote a random {dtype} checkpoint to {}",
+                "wrote a random {dtype}{} checkpoint to {}",
+                if a.sparse { " sparse" } else { "" },
                 a.out.display()
             ));
         }

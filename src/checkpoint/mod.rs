@@ -22,8 +22,9 @@
 //! a conversion is requested.
 //!
 //! [`write_safetensors`] and [`write_index`] produce files this module (and
-//! any other safetensors reader) can open; the `*_bytes` helpers encode
-//! `f32`/`i64` slices for them.
+//! any other safetensors reader) can open; [`SafetensorsWriter`] writes the
+//! same files a piece at a time (leaving unwritten bytes as holes); the
+//! `*_bytes` helpers encode `f32`/`i64` slices for them.
 
 mod dir;
 mod dtype;
@@ -44,5 +45,5 @@ pub use finite::{find_non_finite, NonFinite};
 pub use reader::{read_header, Checkpoint, TensorInfo};
 pub use writer::{
     f32_bytes, f32_to_bf16_bytes, f32_to_f16_bytes, i64_bytes, write_index, write_safetensors,
-    TensorData,
+    SafetensorsWriter, TensorData, TensorHeader,
 };

@@ -23,8 +23,12 @@ pub struct LoadReport {
     /// Bytes placed on the device (weights, as the device holds them).
     pub device_bytes: usize,
     pub seconds: f64,
-    /// The process's peak resident memory after the load (Linux: `VmHWM`), if known.
+    /// The process's peak resident memory after the load (Linux: `VmHWM`, which counts the
+    /// mapped checkpoint pages the load touched), if known.
     pub peak_rss_bytes: Option<usize>,
+    /// Its anonymous resident memory after the load (`RssAnon`: what the load allocated, not the
+    /// mapped files), if known.
+    pub anon_rss_bytes: Option<usize>,
 }
 
 impl LoadReport {
@@ -43,7 +47,14 @@ impl std::fmt::Display for LoadReport {
             self.gb_per_s()
         )?;
         if let Some(rss) = self.peak_rss_bytes {
-            write!(f, ", peak host RSS {:.2} GB", rss as f64 / 1e9)?;
+            write!(
+                f,
+                ", peak host RSS {:.2} GB (mapped files included)",
+                rss as f64 / 1e9
+            )?;
+        }
+        if let Some(anon) = self.anon_rss_bytes {
+            write!(f, ", anonymous {:.2} GB", anon as f64 / 1e9)?;
         }
         Ok(())
     }
@@ -51,8 +62,13 @@ impl std::fmt::Display for LoadReport {
 
 /// The process's peak resident set (`VmHWM` of /proc/self/status), where the system says.
 pub fn peak_rss_bytes() -> Option<usize> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// A `kB` field of /proc/self/status, in bytes.
+fn proc_status_bytes(field: &str) -> Option<usize> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -107,6 +123,7 @@ impl DeviceWeights {
             device_bytes: dw.bytes,
             seconds: start.elapsed().as_secs_f64(),
             peak_rss_bytes: peak_rss_bytes(),
+            anon_rss_bytes: proc_status_bytes("RssAnon:"),
         };
         Ok((dw, report))
     }
