@@ -489,42 +489,35 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Inspect(a) => {
             let plan = ModelPlan::from_model_dir(&a.model)?;
             print_line(&plan.to_string())?;
-            let model = Model::load(
+            // The contract and a scan for NaN and infinity, without widening anything: a
+            // checkpoint too large for the host's memory is inspected too.
+            let checked = graphrun::runtime::CheckedDir::open(
                 &a.model,
-                ModelOptions {
+                &ModelOptions {
                     graphs_dir: cli.graphs.clone(),
                     ..Default::default()
                 },
             )?;
-            let params: usize = model
-                .weights
-                .names()
-                .map(|n| model.weights.get(n).unwrap().data.len())
-                .sum();
+            graphrun::weights::contract::check_finite(&checked.ckpt, &checked.resolved)?;
+            let summary = checked.summary();
             print_line(&format!(
-                "checkpoint: contract holds: {} weights, {params} parameters, stored as {}",
-                model.weights.len(),
-                model.weight_dtype
+                "checkpoint: contract holds: {} weights, {} parameters, stored as {}",
+                summary.weights, summary.parameters, summary.float_dtype
             ))?;
-            for (format, names) in &model.stored_formats {
+            for (format, names) in &summary.stored_formats {
                 print_line(&format!(
                     "checkpoint: {} weight(s) stored as {format} (first: {})",
                     names.len(),
                     names.first().map_or("", |n| n.as_str())
                 ))?;
             }
-            if !model.unused_tensors.is_empty() {
-                let shown: Vec<&str> = model
-                    .unused_tensors
-                    .iter()
-                    .take(8)
-                    .map(|s| s.as_str())
-                    .collect();
+            if !summary.unused.is_empty() {
+                let shown: Vec<&str> = summary.unused.iter().take(8).map(|s| s.as_str()).collect();
                 print_line(&format!(
                     "checkpoint: {} tensor(s) not used by the text model (mtp.*, model.visual.*, ...): {}{}",
-                    model.unused_tensors.len(),
+                    summary.unused.len(),
                     shown.join(", "),
-                    if model.unused_tensors.len() > 8 { ", ..." } else { "" }
+                    if summary.unused.len() > 8 { ", ..." } else { "" }
                 ))?;
             }
         }

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{DeviceWeights, Instrumentation};
 use crate::exec::cuda::{self, Gpu};
@@ -17,6 +16,7 @@ use crate::registry::WeightFormat;
 use crate::weights::{self, Weights};
 
 use super::backend::{Backend, CudaBackend};
+use super::checked::{host_available_bytes, CheckedDir};
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -146,34 +146,28 @@ impl Model {
     /// Loads `dir/config.json` and the safetensors beside it; the whole tensor contract is checked
     /// before anything is converted.
     pub fn load(dir: &Path, options: ModelOptions) -> Result<Model> {
-        let plan = ModelPlan::from_model_dir(dir)?;
-        check_context(&plan, options.context_capacity)?;
-        let graphs = options.graph_set()?;
-        let ckpt = Checkpoint::open_dir(dir)?;
-        let quant = crate::quant::QuantConfig::from_model_dir(dir)?;
-        weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;
-        let probe = lower::lower(
-            &plan,
-            &graphs,
-            &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
-        )?;
-        let resolved = weights::check_contract(
-            &ckpt,
-            &dir.display().to_string(),
-            &probe.program.weights,
-            &probe.program.consts,
-            plan.moe.num_experts,
-            quant.as_ref(),
-        )?;
+        let checked = CheckedDir::open(dir, &options)?;
+        check_context(&checked.plan, options.context_capacity)?;
         let (gpu, fallback_notice) = pick_gpu(options.device)?;
         // On a device, every tensor goes from the mapped files to the device in the format the
         // device keeps it: no host copy of the model. On the CPU, everything is widened to f32.
         let host_weights = match gpu {
             Some(_) => Weights::new(),
-            None => weights::contract::load(&ckpt, &resolved)?,
+            None => {
+                fits_the_host(&checked, dir, host_available_bytes())?;
+                weights::contract::load(&checked.ckpt, &checked.resolved)?
+            }
         };
+        let stored_formats = checked.stored_formats();
+        let CheckedDir {
+            plan,
+            graphs,
+            ckpt,
+            resolved,
+            probe,
+        } = checked;
         let mut model = Model::from_parts(plan, graphs, host_weights, options);
-        model.stored_formats = stored_formats(&ckpt, &resolved);
+        model.stored_formats = stored_formats;
         model.weight_dtype = resolved.float_dtype.clone();
         model.unused_tensors = resolved.unused.clone();
         model.fallback_notice = fallback_notice;
@@ -181,13 +175,8 @@ impl Model {
             if !resolved.nvfp4.is_empty() {
                 model.expert_format = Some(WeightFormat::Nvfp4);
             }
-            let (weights, report) = DeviceWeights::load(
-                &gpu,
-                &probe.program,
-                &ckpt,
-                &resolved,
-                model.weight_dtype == "bf16",
-            )?;
+            let (weights, report) =
+                DeviceWeights::load(&gpu, &probe, &ckpt, &resolved, model.weight_dtype == "bf16")?;
             model.load_report = Some(report);
             model.backend = cuda_backend(&model.plan, &model.options, gpu, weights);
         }
@@ -321,24 +310,48 @@ fn cuda_backend(
     })
 }
 
-/// The weights of a checked contract by the format the checkpoint stores them in: an NVFP4
-/// matrix among a weight's tensors makes it `nvfp4`, else its first tensor's dtype names it.
-fn stored_formats(
-    ckpt: &Checkpoint,
-    resolved: &weights::contract::Resolved,
-) -> std::collections::BTreeMap<String, Vec<String>> {
-    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    for (w, source) in &resolved.weights {
-        let tensors = source.tensors();
-        let format = if tensors.iter().any(|t| resolved.nvfp4.contains_key(*t)) {
-            "nvfp4".to_string()
-        } else {
-            tensors
-                .first()
-                .and_then(|t| ckpt.info(t))
-                .map_or_else(|| "?".to_string(), |i| i.dtype.to_string())
-        };
-        out.entry(format).or_default().push(w.name.clone());
+/// Refuses a CPU load whose f32 widening cannot fit the host's available memory (`available`,
+/// where known), naming the figures, before anything is widened.
+fn fits_the_host(checked: &CheckedDir, dir: &Path, available: Option<usize>) -> Result<()> {
+    let need = checked.parameters().saturating_mul(4);
+    match available {
+        Some(have) if need > have => Err(Error::Input(format!(
+            "{}: the CPU reference widens every weight to f32, {:.1} GB, and the host has {:.1} GB              available; run it on a GPU (--device cuda)",
+            dir.display(),
+            need as f64 / 1e9,
+            have as f64 / 1e9
+        ))),
+        _ => Ok(()),
     }
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> (CheckedDir, std::path::PathBuf) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-qwen4exp");
+        (
+            CheckedDir::open(&dir, &ModelOptions::default()).unwrap(),
+            dir,
+        )
+    }
+
+    #[test]
+    fn a_cpu_load_past_the_hosts_memory_is_refused_with_the_figures() {
+        let (checked, dir) = tiny();
+        let need = checked.parameters() * 4;
+        let err = fits_the_host(&checked, &dir, Some(need - 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("widens every weight to f32") && err.contains("--device cuda"),
+            "{err}"
+        );
+        assert!(fits_the_host(&checked, &dir, Some(need)).is_ok());
+        assert!(
+            fits_the_host(&checked, &dir, None).is_ok(),
+            "unknown memory: no refusal"
+        );
+    }
 }

@@ -1,0 +1,122 @@
+//! A model directory checked before anything is converted: its config planned, its checkpoint's
+//! sizes and whole tensor contract checked against the lowered program. What `Model::load` and
+//! `graphrun inspect` start from.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::ir::{LogitsMode, Phase, Program, WeightClass};
+use crate::lower::{self, GraphSet, LowerOptions};
+use crate::plan::ModelPlan;
+use crate::weights::{self, contract::Resolved};
+
+use super::model::ModelOptions;
+
+pub struct CheckedDir {
+    pub plan: ModelPlan,
+    pub graphs: GraphSet,
+    pub ckpt: Checkpoint,
+    pub resolved: Resolved,
+    /// The decode program the contract was checked against.
+    pub probe: Program,
+}
+
+/// What a checked checkpoint holds, in figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointSummary {
+    pub weights: usize,
+    pub parameters: usize,
+    /// The float dtype of its tensors (`f32`, `bf16`, `f16`).
+    pub float_dtype: String,
+    /// The weights by the format the checkpoint stores them in (`bf16`, `nvfp4`...).
+    pub stored_formats: BTreeMap<String, Vec<String>>,
+    /// Tensors the text model does not use (`mtp.*`, `model.visual.*`, ...).
+    pub unused: Vec<String>,
+}
+
+impl CheckedDir {
+    /// Plans `dir/config.json`, opens the safetensors beside it and checks them whole (no tensor
+    /// is read but the small ones the contract checks by value).
+    pub fn open(dir: &Path, options: &ModelOptions) -> Result<CheckedDir> {
+        let plan = ModelPlan::from_model_dir(dir)?;
+        let graphs = options.graph_set()?;
+        let ckpt = Checkpoint::open_dir(dir)?;
+        let quant = crate::quant::QuantConfig::from_model_dir(dir)?;
+        weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;
+        let probe = lower::lower(
+            &plan,
+            &graphs,
+            &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+        )?
+        .program;
+        let resolved = weights::check_contract(
+            &ckpt,
+            &dir.display().to_string(),
+            &probe.weights,
+            &probe.consts,
+            plan.moe.num_experts,
+            quant.as_ref(),
+        )?;
+        Ok(CheckedDir {
+            plan,
+            graphs,
+            ckpt,
+            resolved,
+            probe,
+        })
+    }
+
+    /// The float weights' element count (what the CPU reference widens to f32).
+    pub fn parameters(&self) -> usize {
+        self.resolved
+            .weights
+            .iter()
+            .filter(|(w, _)| w.class == WeightClass::Float)
+            .map(|(w, _)| w.shape.iter().product::<usize>())
+            .sum()
+    }
+
+    pub fn summary(&self) -> CheckpointSummary {
+        CheckpointSummary {
+            weights: self
+                .resolved
+                .weights
+                .iter()
+                .filter(|(w, _)| w.class == WeightClass::Float)
+                .count(),
+            parameters: self.parameters(),
+            float_dtype: self.resolved.float_dtype.clone(),
+            stored_formats: self.stored_formats(),
+            unused: self.resolved.unused.clone(),
+        }
+    }
+
+    /// The weights by the format the checkpoint stores them in: an NVFP4 matrix among a
+    /// weight's tensors makes it `nvfp4`, else its first tensor's dtype names it.
+    pub fn stored_formats(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = Default::default();
+        for (w, source) in &self.resolved.weights {
+            let tensors = source.tensors();
+            let format = if tensors.iter().any(|t| self.resolved.nvfp4.contains_key(*t)) {
+                "nvfp4".to_string()
+            } else {
+                tensors
+                    .first()
+                    .and_then(|t| self.ckpt.info(t))
+                    .map_or_else(|| "?".to_string(), |i| i.dtype.to_string())
+            };
+            out.entry(format).or_default().push(w.name.clone());
+        }
+        out
+    }
+}
+
+/// Memory the host can still give (`MemAvailable` of /proc/meminfo), where the system says.
+pub fn host_available_bytes() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
