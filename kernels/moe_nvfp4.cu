@@ -142,11 +142,13 @@ extern "C" __global__ void __launch_bounds__(NVFP4_WARPS * 32)
     if (lane == 0) act[s * inter + r] = silu_f32(g) * u;
 }
 
-// Output rows of a token a block of the down kernel takes (2 a warp).
-#define NVFP4_DOWN_ROWS 16
+// Output rows of a token a block of the down kernel takes: one a warp, so that a decode step's
+// 2560 rows are 2560 warps (two a warp left the multiprocessors at 15% occupancy, each warp
+// waiting on twice the chain of loads).
+#define NVFP4_DOWN_ROWS 8
 
 // y [tokens, hidden]; act [tokens * top_k, inter]; ids, w [tokens, top_k]; down: codes [experts,
-// hidden, inter / 2], scales [experts, hidden, inter / 16], globals. Grid (ceil(hidden / 16),
+// hidden, inter / 2], scales [experts, hidden, inter / 16], globals. Grid (ceil(hidden / 8),
 // tokens): the token's act rows, ids and router weights staged in shared memory (dynamic:
 // top_k * inter floats, then top_k i64 and top_k floats); a warp per output row at a time. The
 // warp splits into groups of `lanes` lanes (a power of 2), a slot each, 32 / lanes slots a pass;

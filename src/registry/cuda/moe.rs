@@ -61,7 +61,7 @@ pub fn down_rows_fits(top_k: usize, hidden: usize, intermediate: usize) -> bool 
 /// Warps of a block of the NVFP4 token-major kernels (`NVFP4_WARPS` in kernels/moe_nvfp4.cu), and
 /// the output rows of a token a down block takes (`NVFP4_DOWN_ROWS`).
 pub const NVFP4_WARPS: usize = 8;
-pub const NVFP4_DOWN_ROWS: usize = 16;
+pub const NVFP4_DOWN_ROWS: usize = 8;
 /// Dynamic shared memory a kernel may use without opting in.
 const SHARED_LIMIT: usize = 48 * 1024;
 
