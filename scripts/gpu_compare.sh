@@ -13,7 +13,9 @@ source "$(dirname "$0")/gpu_env.sh"
 base=${1:?the baseline binary}
 new=${2:?the new binary}
 passes=${3:-2}
-# The bench's shapes (BENCH_ARGS overrides them, e.g. to fit a short device call).
+# The bench's shapes (BENCH_ARGS overrides them, e.g. to fit a short device call). Both binaries
+# get the same arguments: a baseline from before 05b90c4 benches bf16 experts and knows no
+# --experts, the newer ones NVFP4 by default; compare across that change only by hand.
 read -r -a bench_args <<<"${BENCH_ARGS:---layers 8 --contexts 1024,8192 --prefills 2048,8192}"
 # A prompt of 4 ids (a short prefill: its lm head sees one row) and one of 30.
 prompts=("5,6,7,8" "$(seq -s, 3 2 61)")
