@@ -471,3 +471,34 @@ fn a_packed_load_keeps_the_banks_as_stored() {
         assert_eq!(packed.get(name), widened.get(name), "{name}");
     }
 }
+
+/// A device load is planned from the contract before anything is read
+/// (`exec::cuda::executor::planned_bytes`): its figure is what the loaded weights hold, NVFP4
+/// banks as stored (codes, scales, globals) and everything else as f32 for an f32 trunk.
+#[test]
+fn a_device_load_is_planned_from_the_contract() {
+    use graphrun::runtime::CheckedDir;
+    use graphrun::weights::contract;
+    let dir = common::repo().join("tests/fixtures/tiny-nvfp4");
+    let checked = CheckedDir::open(&dir, &ModelOptions::default()).unwrap();
+    let (planned, largest) =
+        graphrun::exec::cuda::executor::planned_bytes(&checked.probe, &checked.resolved, false);
+    let packed = contract::load_with(
+        &checked.ckpt,
+        &checked.resolved,
+        contract::Nvfp4Load::Packed,
+    )
+    .unwrap();
+    let held: usize = packed
+        .names()
+        .map(|n| 4 * packed.get(n).unwrap().data.len())
+        .chain(
+            packed
+                .nvfp4_names()
+                .map(|n| packed.nvfp4(n).unwrap().bytes()),
+        )
+        .sum();
+    assert_eq!(planned, held);
+    let (name, bytes) = largest.unwrap();
+    assert!(bytes > 0 && bytes <= planned, "{name}: {bytes}");
+}

@@ -73,6 +73,43 @@ fn proc_status_bytes(field: &str) -> Option<usize> {
     Some(kb * 1024)
 }
 
+/// The bytes [`DeviceWeights::load`] places for `resolved` (the same formats: NVFP4 banks as
+/// stored, matrices as bf16 when `bf16`, the rest as f32), and the largest weight with its
+/// bytes: what a load is planned against before it starts.
+pub fn planned_bytes(
+    program: &Program,
+    resolved: &Resolved,
+    bf16: bool,
+) -> (usize, Option<(String, usize)>) {
+    let matrix_names = matrix_weights(program);
+    let used: std::collections::HashSet<&str> =
+        program.weights.iter().map(|w| w.name.as_str()).collect();
+    let mut total = 0usize;
+    let mut largest: Option<(String, usize)> = None;
+    for (info, source) in &resolved.weights {
+        if info.class != WeightClass::Float || !used.contains(info.name.as_str()) {
+            continue;
+        }
+        let elements: usize = info.shape.iter().product();
+        let parts = source.tensors();
+        let bytes = if parts
+            .first()
+            .is_some_and(|t| resolved.nvfp4.contains_key(*t))
+        {
+            elements / 2 + elements / crate::quant::nvfp4::GROUP + 4 * parts.len()
+        } else if matrix_names.contains(info.name.as_str()) && bf16 {
+            2 * elements
+        } else {
+            4 * elements
+        };
+        total += bytes;
+        if largest.as_ref().is_none_or(|(_, b)| bytes > *b) {
+            largest = Some((info.name.clone(), bytes));
+        }
+    }
+    (total, largest)
+}
+
 impl DeviceWeights {
     /// Every weight `program` uses, from the checked contract `resolved` of `ckpt`, after the
     /// non-finite scan ([`contract::check_finite`]); matrices as bf16 when `bf16` (a bf16
@@ -85,6 +122,24 @@ impl DeviceWeights {
         bf16: bool,
     ) -> Result<(DeviceWeights, LoadReport), Error> {
         let start = Instant::now();
+        // Planned before anything is read: a model that does not fit is refused with the figures,
+        // not by an allocation failing partway through the load.
+        let (need, largest) = planned_bytes(program, resolved, bf16);
+        let (free, _) = gpu
+            .ctx
+            .mem_get_info()
+            .map_err(|e| CudaError::driver("asking the device's free memory", None, e))?;
+        if need > free {
+            let largest = largest
+                .map(|(n, b)| format!(" (the largest, `{n}`, {:.1} GB)", b as f64 / 1e9))
+                .unwrap_or_default();
+            return Err(Error::Input(format!(
+                "the weights take {:.1} GB on the device as it keeps them{largest}, and the device \
+                 has {:.1} GB free (the caches and workspace come on top)",
+                need as f64 / 1e9,
+                free as f64 / 1e9
+            )));
+        }
         contract::check_finite(ckpt, resolved)?;
         let mut dw = DeviceWeights::empty();
         let matrix_names = matrix_weights(program);

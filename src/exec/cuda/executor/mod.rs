@@ -25,7 +25,7 @@ mod single;
 mod weights;
 
 pub use instrument::{HostTimes, Instrumentation, TraceLog};
-pub use load::{peak_rss_bytes, LoadReport};
+pub use load::{peak_rss_bytes, planned_bytes, LoadReport};
 use record::*;
 pub use single::run_node;
 pub use weights::DeviceWeights;
