@@ -480,7 +480,7 @@ fn a_device_load_is_planned_from_the_contract() {
     use graphrun::runtime::CheckedDir;
     use graphrun::weights::contract;
     let dir = common::repo().join("tests/fixtures/tiny-nvfp4");
-    let checked = CheckedDir::open(&dir, &ModelOptions::default()).unwrap();
+    let checked = CheckedDir::open(&dir, graphrun::lower::GraphSet::embedded().unwrap()).unwrap();
     let (planned, largest) =
         graphrun::exec::cuda::executor::planned_bytes(&checked.probe, &checked.resolved, false);
     let packed = contract::load_with(

@@ -491,13 +491,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print_line(&plan.to_string())?;
             // The contract and a scan for NaN and infinity, without widening anything: a
             // checkpoint too large for the host's memory is inspected too.
-            let checked = graphrun::runtime::CheckedDir::open(
-                &a.model,
-                &ModelOptions {
-                    graphs_dir: cli.graphs.clone(),
-                    ..Default::default()
-                },
-            )?;
+            let checked = graphrun::runtime::CheckedDir::open(&a.model, graph_set(&cli.graphs)?)?;
             graphrun::weights::contract::check_finite(&checked.ckpt, &checked.resolved)?;
             let summary = checked.summary();
             print_line(&format!(

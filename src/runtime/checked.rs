@@ -12,8 +12,6 @@ use crate::lower::{self, GraphSet, LowerOptions};
 use crate::plan::ModelPlan;
 use crate::weights::{self, contract::Resolved};
 
-use super::model::ModelOptions;
-
 pub struct CheckedDir {
     pub plan: ModelPlan,
     pub graphs: GraphSet,
@@ -37,11 +35,11 @@ pub struct CheckpointSummary {
 }
 
 impl CheckedDir {
-    /// Plans `dir/config.json`, opens the safetensors beside it and checks them whole (no tensor
-    /// is read but the small ones the contract checks by value).
-    pub fn open(dir: &Path, options: &ModelOptions) -> Result<CheckedDir> {
+    /// Plans `dir/config.json`, opens the safetensors beside it and checks them whole against
+    /// the program `graphs` lower (no tensor is read but the small ones the contract checks by
+    /// value).
+    pub fn open(dir: &Path, graphs: GraphSet) -> Result<CheckedDir> {
         let plan = ModelPlan::from_model_dir(dir)?;
-        let graphs = options.graph_set()?;
         let ckpt = Checkpoint::open_dir(dir)?;
         let quant = crate::quant::QuantConfig::from_model_dir(dir)?;
         weights::check_sizes(&plan, &ckpt, &dir.display().to_string())?;

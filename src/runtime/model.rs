@@ -146,7 +146,7 @@ impl Model {
     /// Loads `dir/config.json` and the safetensors beside it; the whole tensor contract is checked
     /// before anything is converted.
     pub fn load(dir: &Path, options: ModelOptions) -> Result<Model> {
-        let checked = CheckedDir::open(dir, &options)?;
+        let checked = CheckedDir::open(dir, options.graph_set()?)?;
         check_context(&checked.plan, options.context_capacity)?;
         let (gpu, fallback_notice) = pick_gpu(options.device)?;
         // On a device, every tensor goes from the mapped files to the device in the format the
@@ -332,7 +332,7 @@ mod tests {
     fn tiny() -> (CheckedDir, std::path::PathBuf) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-qwen4exp");
         (
-            CheckedDir::open(&dir, &ModelOptions::default()).unwrap(),
+            CheckedDir::open(&dir, GraphSet::embedded().unwrap()).unwrap(),
             dir,
         )
     }
