@@ -27,7 +27,7 @@ drawn with make_fixtures.py's tie-gap policy.  Writes, into the fixture folder:
     meta.json              versions, date, seeds, prompt ids, gaps, how the experts were
                            dequantised, the checks below
 
-and prints a summary for results/fixtures-nvfp4.log.  Checks made on the way (any failure stops
+and prints a summary for results/fixtures.log.  Checks made on the way (any failure stops
 the script before anything is written): the F8_E4M3 bytes torch hands back equal the file's raw
 bytes; the vectorised torch dequantisation equals an element-by-element pure-python one bit for
 bit on every matrix; the state dict built matches the model's key for key (names, shapes,

@@ -212,7 +212,7 @@ fn fixture_expected() -> (PathBuf, common::Expected) {
          (torch, safetensors, transformers with qwen4_exp; run on its CPU) by \
          `CUDA_VISIBLE_DEVICES= python3 scripts/make_nvfp4_fixture.py --model {FIXTURE}`, which \
          writes expected.safetensors and meta.json into {FIXTURE}: commit both, and the printout as \
-         results/fixtures-nvfp4.log (scripts/README.md)",
+         results/fixtures.log (scripts/README.md)",
         path.display()
     );
     let exp = common::expected(&dir);

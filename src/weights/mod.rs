@@ -146,18 +146,6 @@ impl Weights {
     pub fn nvfp4_names(&self) -> impl Iterator<Item = &str> {
         self.nvfp4.keys().map(|k| k.as_str())
     }
-    /// Adds the f32 widening of every packed bank that has none (so that the CPU reference can
-    /// run on weights loaded for a device: the parity tests).
-    pub fn widen_nvfp4(&mut self) {
-        for (name, bank) in &self.nvfp4 {
-            self.map
-                .entry(name.clone())
-                .or_insert_with(|| WeightTensor {
-                    shape: bank.shape.clone(),
-                    data: bank.dequantize(),
-                });
-        }
-    }
 }
 
 /// A checkpoint holding `names` (one f32 each), written to a fresh temp dir (unit tests).

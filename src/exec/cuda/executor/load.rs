@@ -333,7 +333,7 @@ fn nvfp4_bank(
         codes,
         scales,
         globals: gpu.upload(&globals, name)?,
-        rows_per_global: mats.first().map_or(1, |m| m.out),
+        rows_per_global: mats.first().map_or(1, |m| m.out) as i64,
         shape: [experts, out, inputs],
     })
 }

@@ -10,6 +10,7 @@ use super::{launched, shape};
 use crate::exec::cuda::context::Launch;
 use crate::exec::cuda::device::{Buf, Gpu};
 use crate::exec::cuda::error::CudaError;
+use crate::exec::cuda::launcher::KernelLaunch;
 use crate::quant::nvfp4::GROUP;
 use crate::registry::cuda::moe::{
     nvfp4_down_lanes, nvfp4_down_shared, NVFP4_DOWN_ROWS, NVFP4_WARPS,
@@ -21,8 +22,18 @@ pub struct DeviceNvfp4 {
     pub codes: CudaSlice<u8>,
     pub scales: CudaSlice<u8>,
     pub globals: CudaSlice<f32>,
-    pub rows_per_global: usize,
+    /// Rows per global scale, as the kernels take it (`long`).
+    pub rows_per_global: i64,
     pub shape: [usize; 3],
+}
+
+/// The bank's four kernel arguments, in the order every NVFP4 kernel takes them: codes, scales,
+/// globals, rows per global.
+fn arg_bank<'a>(b: &mut KernelLaunch<'a>, bank: &'a DeviceNvfp4) {
+    b.arg(&bank.codes)
+        .arg(&bank.scales)
+        .arg(&bank.globals)
+        .arg(&bank.rows_per_global);
 }
 
 impl DeviceNvfp4 {
@@ -38,7 +49,7 @@ impl DeviceNvfp4 {
             codes: gpu.upload(&bank.codes, name)?,
             scales: gpu.upload(&bank.scales, name)?,
             globals: gpu.upload(&bank.globals, name)?,
-            rows_per_global: bank.rows_per_global,
+            rows_per_global: bank.rows_per_global as i64,
             shape: [e, out, inputs],
         })
     }
@@ -66,7 +77,7 @@ impl DeviceNvfp4 {
             codes,
             scales,
             globals: cx.upload(&globals, name)?,
-            rows_per_global,
+            rows_per_global: rows_per_global as i64,
             shape,
         })
     }
@@ -84,7 +95,7 @@ impl DeviceNvfp4 {
             && self.codes.len() == rows * inputs / 2
             && self.scales.len() == rows * inputs / GROUP
             && self.rows_per_global > 0
-            && self.globals.len() * self.rows_per_global == rows
+            && self.globals.len() * self.rows_per_global as usize == rows
     }
 }
 
@@ -180,19 +191,10 @@ pub fn moe_experts_nvfp4_token_major(
 
     let mut act = cx.scratch::<f32>(slots * inter, "expert activations")?;
     let f = cx.function("moe_nvfp4.cu", gu_kernel)?;
-    let rpg = gate_up.rows_per_global as i64;
     let mut b = cx.launch_builder(&f);
-    b.arg(&mut *act)
-        .arg(x)
-        .arg(ids)
-        .arg(&gate_up.codes)
-        .arg(&gate_up.scales)
-        .arg(&gate_up.globals)
-        .arg(&rpg)
-        .arg(&k32)
-        .arg(&h64)
-        .arg(&i64_)
-        .arg(&e64);
+    b.arg(&mut *act).arg(x).arg(ids);
+    arg_bank(&mut b, gate_up);
+    b.arg(&k32).arg(&h64).arg(&i64_).arg(&e64);
     let cfg = LaunchConfig {
         grid_dim: (inter.div_ceil(NVFP4_WARPS) as u32, slots as u32, 1),
         block_dim: (threads, 1, 1),
@@ -206,22 +208,11 @@ pub fn moe_experts_nvfp4_token_major(
 
     let mut y = cx.output::<f32>(rows * hidden, down_kernel)?;
     let f = cx.function("moe_nvfp4.cu", down_kernel)?;
-    let rpg = down.rows_per_global as i64;
     let lanes = nvfp4_down_lanes(inter) as i32;
     let mut b = cx.launch_builder(&f);
-    b.arg(&mut *y)
-        .arg(&*act)
-        .arg(ids)
-        .arg(w)
-        .arg(&down.codes)
-        .arg(&down.scales)
-        .arg(&down.globals)
-        .arg(&rpg)
-        .arg(&k32)
-        .arg(&h64)
-        .arg(&i64_)
-        .arg(&e64)
-        .arg(&lanes);
+    b.arg(&mut *y).arg(&*act).arg(ids).arg(w);
+    arg_bank(&mut b, down);
+    b.arg(&k32).arg(&h64).arg(&i64_).arg(&e64).arg(&lanes);
     let cfg = LaunchConfig {
         grid_dim: (hidden.div_ceil(NVFP4_DOWN_ROWS) as u32, rows as u32, 1),
         block_dim: (threads, 1, 1),
@@ -271,19 +262,13 @@ pub fn moe_experts_nvfp4_expert_major(
 
     let mut act = cx.scratch::<f32>(slots * inter, "expert activations")?;
     let f = cx.function("moe_nvfp4.cu", gu_kernel)?;
-    let rpg = gate_up.rows_per_global as i64;
     let mut b = cx.launch_builder(&f);
     b.arg(&mut *act)
         .arg(x)
         .arg(&*groups.order)
-        .arg(&*groups.tiles)
-        .arg(&gate_up.codes)
-        .arg(&gate_up.scales)
-        .arg(&gate_up.globals)
-        .arg(&rpg)
-        .arg(&k32)
-        .arg(&h64)
-        .arg(&i64_);
+        .arg(&*groups.tiles);
+    arg_bank(&mut b, gate_up);
+    b.arg(&k32).arg(&h64).arg(&i64_);
     // SAFETY: the tile table (written by the grouping launch on this stream) names valid experts
     // and rows of `order`, which holds slot indices below `slots`; the banks' shapes were checked
     // (hidden and inter multiples of 16: every 8-value chunk of codes is 4-byte aligned); act
@@ -292,18 +277,13 @@ pub fn moe_experts_nvfp4_expert_major(
 
     let mut out = cx.scratch::<f32>(slots * hidden, "expert outputs per slot")?;
     let f = cx.function("moe_nvfp4.cu", down_kernel)?;
-    let rpg = down.rows_per_global as i64;
     let mut b = cx.launch_builder(&f);
     b.arg(&mut *out)
         .arg(&*act)
         .arg(&*groups.order)
-        .arg(&*groups.tiles)
-        .arg(&down.codes)
-        .arg(&down.scales)
-        .arg(&down.globals)
-        .arg(&rpg)
-        .arg(&h64)
-        .arg(&i64_);
+        .arg(&*groups.tiles);
+    arg_bank(&mut b, down);
+    b.arg(&h64).arg(&i64_);
     // SAFETY: as above; out holds slots*hidden floats.
     launched(down_kernel, unsafe { b.launch(grid(hidden)) })?;
 
