@@ -8,13 +8,13 @@
 #   here:            cargo build --release && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_load.sh     # through the `device` tool, carry: ["gpu-bin"]
 #
-# NGRAM_BASE (default 100000) sets ngram_vocab_size_base: the release's 20000000 makes a 102 GB
-# bf16 n-gram table, which does not fit on one H200 beside the experts until the table can stay on
-# the host. Writes $OUT/load.log (or results/); commit it as results/load.log.
+# NGRAM_BASE (default: the config's 20000000, the release's 102 GB bf16 n-gram table, which the
+# memory plan keeps on the host) sets ngram_vocab_size_base. Writes $OUT/load.log (or results/);
+# commit it as results/load.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-results}"
-base="${NGRAM_BASE:-100000}"
+base="${NGRAM_BASE:-20000000}"
 dir=/tmp/graphrun-release-layout
 config=/tmp/graphrun-release-config.json
 python3 - "$base" >"$config" <<'PY'

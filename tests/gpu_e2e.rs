@@ -7,6 +7,7 @@ mod common;
 
 use graphrun::exec::cuda::executor::DeviceWeights;
 use graphrun::ir::LogitsMode;
+use graphrun::registry::Placement;
 use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling, Session};
 
 const TOLERANCE: f32 = 1e-4;
@@ -352,8 +353,9 @@ fn a_direct_load_places_what_the_widened_upload_places() {
             )
             .unwrap();
         }
+        let bf16 = direct.weight_dtype == "bf16";
         let uploaded =
-            DeviceWeights::upload(&gpu, &program, &host, direct.weight_dtype == "bf16").unwrap();
+            DeviceWeights::upload(&gpu, &program, &host, bf16, direct.ple_table).unwrap();
         let a = direct
             .backend
             .cuda()
@@ -371,4 +373,78 @@ fn a_direct_load_places_what_the_widened_upload_places() {
             assert!(v == &b[k], "{name}: {k} differs");
         }
     }
+}
+
+/// The n-gram table kept on the host (`--ple-table host`: each step's ids hashed and rows
+/// gathered there, copied into the step): the same bits as the table on the device, over a
+/// prefill, replayed decode steps and a second prefill, on every fixture with PLE; the table is
+/// not on the device, and the host steps are timed.
+#[test]
+fn a_host_ple_table_gives_the_device_tables_bits() {
+    if !common::gpu::cuda_or_skip() {
+        return;
+    }
+    let with = |ple_table| ModelOptions {
+        ple_table: Some(ple_table),
+        ..cuda()
+    };
+    let mut tested = 0;
+    for dir in common::fixture_dirs() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let device = Model::load(&dir, with(Placement::Device)).unwrap();
+        let host = Model::load(&dir, with(Placement::Host)).unwrap();
+        assert_eq!(host.ple_table, Placement::Host, "{name}");
+        let on_host = host.backend.cuda().unwrap().weights.host_tables().count();
+        if device.plan.ple.is_none() {
+            assert_eq!(on_host, 0, "{name}: no table to keep");
+            continue;
+        }
+        tested += 1;
+        assert!(on_host > 0, "{name}: the table is on the host");
+        let table_bytes: usize = host
+            .backend
+            .cuda()
+            .unwrap()
+            .weights
+            .host_tables()
+            .map(|t| t.bytes())
+            .sum();
+        let (db, hb) = (
+            device.backend.cuda().unwrap().weights.bytes,
+            host.backend.cuda().unwrap().weights.bytes,
+        );
+        assert_eq!(
+            db - hb,
+            table_bytes,
+            "{name}: the device holds all but the table"
+        );
+        let exp = common::expected(&dir);
+        let run = |m: &Model| {
+            let mut s = m.session();
+            let mut out = s.prefill(&exp.prompt, LogitsMode::All).unwrap().data;
+            for i in 0..6u32 {
+                out.extend(s.decode(exp.prompt[i as usize % exp.prompt.len()]).unwrap());
+            }
+            out.extend(s.prefill(&exp.prompt[..3], LogitsMode::All).unwrap().data);
+            (out, s.graph_replays())
+        };
+        let (a, replays_a) = run(&device);
+        let (b, replays_b) = run(&host);
+        assert!(a == b, "{name}: the host table changes the logits");
+        assert_eq!(replays_a, replays_b, "{name}: graph replays");
+        assert!(replays_b >= 4, "{name}: decode steps replay their graphs");
+        let mut s = Session::with_executor(&host, host.backend.cuda().unwrap().executor());
+        s.prefill(&exp.prompt, LogitsMode::Last).unwrap();
+        s.executor_mut().instrumentation.host_times = Some(Default::default());
+        for &t in &exp.prompt[..4] {
+            s.decode(t).unwrap();
+        }
+        let times = s.executor_mut().instrumentation.host_times.unwrap();
+        println!(
+            "{name:<22} host table {table_bytes} bytes; host steps {:.1} us a replayed token",
+            times.host_steps * 1e6 / times.steps.max(1) as f64
+        );
+        assert!(times.host_steps > 0.0, "{name}: host steps timed");
+    }
+    assert!(tested >= 2, "fixtures with PLE: {tested}");
 }

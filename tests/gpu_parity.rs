@@ -21,7 +21,7 @@ use graphrun::ir::{Device, LogitsMode, Phase, Program};
 use graphrun::lower::{lower, GraphSet, LowerOptions};
 use graphrun::ops::indexer::RowSel;
 use graphrun::plan::ModelPlan;
-use graphrun::registry::{self, DeviceFacts, NodeFacts, StorageFormats, WeightFormat};
+use graphrun::registry::{self, DeviceFacts, NodeFacts, Placement, StorageFormats, WeightFormat};
 use graphrun::runtime::{Model, ModelOptions};
 use graphrun::weights::{Nvfp4Bank, WeightTensor, Weights};
 use rand::{Rng, SeedableRng};
@@ -77,6 +77,8 @@ struct Case {
     expert_format: WeightFormat,
     /// The tokens of each step, in order (the first from position 0).
     steps: Vec<usize>,
+    /// Where the device keeps the PLE n-gram table.
+    ple_table: Placement,
 }
 
 #[test]
@@ -89,6 +91,14 @@ fn every_cuda_variant_matches_the_cpu_reference_on_every_node_it_accepts() {
     let mut failures = Vec::new();
     for case in cases() {
         for fusions in lowerings() {
+            // The host gather is the fused `ple_embed`'s (lowering refuses the table on the host
+            // without it: tests/lower.rs).
+            let fused_ple = fusions
+                .as_ref()
+                .is_none_or(|f| f.iter().any(|n| n == "ple_embed"));
+            if case.ple_table == Placement::Host && !fused_ple {
+                continue;
+            }
             run_case(
                 &gpu,
                 &facts,
@@ -156,8 +166,20 @@ fn cases() -> Vec<Case> {
             format,
             expert_format: format,
             steps: vec![7, 1, 2, 3, 8, 16, 1, 40, 1, 5],
+            ple_table: Placement::Device,
         });
     }
+    // The n-gram table kept on the host: its rows gathered there (the real release on one GPU).
+    let host = Case {
+        label: format!("{}, n-gram table on the host", out[0].label),
+        plan: out[0].plan.clone(),
+        weights: out[0].weights.clone(),
+        format: out[0].format,
+        expert_format: out[0].expert_format,
+        steps: vec![7, 1, 2, 1, 9, 1],
+        ple_table: Placement::Host,
+    };
+    out.push(host);
     let tiny = common::repo().join("models/tiny-qwen4exp/config.json");
     let plan = ModelPlan::from_json_str(&std::fs::read_to_string(tiny).unwrap(), "the tiny model")
         .unwrap();
@@ -171,6 +193,7 @@ fn cases() -> Vec<Case> {
         format: WeightFormat::Bf16,
         expert_format: WeightFormat::Nvfp4,
         steps: vec![7, 1, 2, 3, 8, 1, 40, 1],
+        ple_table: Placement::Device,
     });
     let plan = real_geometry();
     let mut weights = graphrun::synth::random_weights(&plan, 23).unwrap();
@@ -182,6 +205,7 @@ fn cases() -> Vec<Case> {
         format: WeightFormat::Bf16,
         expert_format: WeightFormat::Bf16,
         steps: vec![64, 1, 2, 6, 8, 16, 32, 1],
+        ple_table: Placement::Device,
     });
     with_nvfp4_experts(&mut weights);
     out.push(Case {
@@ -191,6 +215,7 @@ fn cases() -> Vec<Case> {
         format: WeightFormat::Bf16,
         expert_format: WeightFormat::Nvfp4,
         steps: vec![64, 1, 2, 6, 1],
+        ple_table: Placement::Device,
     });
     out
 }
@@ -259,6 +284,7 @@ fn formats(case: &Case) -> StorageFormats {
     StorageFormats {
         matrices: case.format,
         experts: case.expert_format,
+        ple_table: case.ple_table,
     }
 }
 
@@ -287,6 +313,7 @@ fn program(case: &Case, facts: &DeviceFacts, fusions: Option<&[String]>, tokens:
         expert_format: Some(case.expert_format),
         device_facts: Some(*facts),
         fusions: fusions.map(|f| f.to_vec()),
+        ple_table: case.ple_table,
         ..LowerOptions::new(phase, tokens, LogitsMode::Last)
     };
     lower(&case.plan, &GraphSet::embedded().unwrap(), &opts)
@@ -332,6 +359,7 @@ fn run_case(
                 &program,
                 &case.weights,
                 case.format == WeightFormat::Bf16,
+                case.ple_table,
             )
             .unwrap()
         });

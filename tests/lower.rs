@@ -269,6 +269,64 @@ fn real_verify6_cuda_nvfp4_kernels() {
     );
 }
 
+/// With the n-gram table on the host (the real release on one H200), the rules give the PLE
+/// embedding the host gather and change nothing else; without the `ple_embed` fusion the table's
+/// gather would need ids made on the device, and lowering refuses it naming the way out. On the
+/// CPU the placement changes nothing.
+#[test]
+fn a_host_ple_table_changes_only_the_ple_gather() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let graphs = GraphSet::embedded().unwrap();
+    for device in [Device::Cuda, Device::Cpu] {
+        let opts = LowerOptions {
+            device,
+            expert_format: (device == Device::Cuda)
+                .then_some(graphrun::registry::WeightFormat::Nvfp4),
+            ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+        };
+        let on_device = lower(&plan, &graphs, &opts).unwrap().program;
+        let host_opts = LowerOptions {
+            ple_table: graphrun::registry::Placement::Host,
+            ..opts.clone()
+        };
+        let on_host = lower(&plan, &graphs, &host_opts).unwrap().program;
+        let mut changed = Vec::new();
+        for (h, d) in on_host.nodes.iter().zip(&on_device.nodes) {
+            if (&h.variant, &h.kernels) != (&d.variant, &d.kernels) {
+                changed.push((h.name.clone(), h.rule.clone(), h.kernels.clone()));
+            }
+        }
+        let ple = plan.layers.iter().filter(|l| l.ple.is_some()).count();
+        match device {
+            Device::Cuda => {
+                assert_eq!(changed.len(), ple, "{changed:?}");
+                for (name, rule, kernels) in &changed {
+                    assert!(name.contains("ple"), "{name}");
+                    assert_eq!(rule, "ple_embed.host_table");
+                    assert_eq!(
+                        kernels,
+                        &["host_ple_embed_gather", "cuMemcpyHtoD", "cuMemcpyDtoD"]
+                    );
+                }
+            }
+            Device::Cpu => assert!(changed.is_empty(), "{changed:?}"),
+        }
+        if device == Device::Cuda {
+            let unfused = LowerOptions {
+                fusions: Some(vec![]),
+                ..host_opts.clone()
+            };
+            let err = lower(&plan, &graphs, &unfused).unwrap_err().to_string();
+            assert!(
+                err.contains("the n-gram table is on the host") && err.contains("ple_embed fusion"),
+                "{err}"
+            );
+        }
+    }
+}
+
 /// NVFP4 is a format of routed experts on a device that reads it packed: as the trunk's format,
 /// or on the CPU (which computes with the widening), lowering refuses it.
 #[test]

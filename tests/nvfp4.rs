@@ -481,8 +481,10 @@ fn a_device_load_is_planned_from_the_contract() {
     use graphrun::weights::contract;
     let dir = common::repo().join("tests/fixtures/tiny-nvfp4");
     let checked = CheckedDir::open(&dir, graphrun::lower::GraphSet::embedded().unwrap()).unwrap();
+    use graphrun::exec::cuda::executor::planned_bytes;
+    use graphrun::registry::Placement;
     let (planned, largest) =
-        graphrun::exec::cuda::executor::planned_bytes(&checked.probe, &checked.resolved, false);
+        planned_bytes(&checked.probe, &checked.resolved, false, Placement::Device);
     let packed = contract::load_with(
         &checked.ckpt,
         &checked.resolved,
@@ -501,4 +503,13 @@ fn a_device_load_is_planned_from_the_contract() {
     assert_eq!(planned, held);
     let (name, bytes) = largest.unwrap();
     assert!(bytes > 0 && bytes <= planned, "{name}: {bytes}");
+    // With the n-gram table on the host, the device holds all but the table.
+    let tables: usize = packed
+        .names()
+        .filter(|n| n.ends_with("ngram_embedding.weight"))
+        .map(|n| 4 * packed.get(n).unwrap().data.len())
+        .sum();
+    let (on_host, _) = planned_bytes(&checked.probe, &checked.resolved, false, Placement::Host);
+    assert!(tables > 0);
+    assert_eq!(planned - on_host, tables);
 }

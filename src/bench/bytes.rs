@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn decode_bytes_count_the_kv_cache_of_every_attention() {
         let text = include_str!("../../tests/data/configs/qwen3.8-flash-next.json");
-        let plan = bench_plan(text, "qwen3.8-flash-next.json", Some(8), 1009).unwrap();
+        let plan = bench_plan(text, "qwen3.8-flash-next.json", Some(8), Some(1009)).unwrap();
         let graphs = crate::lower::GraphSet::embedded().unwrap();
         let mut opts = crate::lower::LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
         opts.device = crate::ir::Device::Cuda;

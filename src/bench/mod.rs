@@ -58,7 +58,10 @@ pub struct BenchOptions {
     pub decode_steps: usize,
     /// Prefill tokens per step; 0: each prompt in one step (as `graphrun run` prefills).
     pub chunk: usize,
-    pub ple_vocab_base: u64,
+    /// The PLE n-gram table's prime base (`None`: the config's, the real table's size).
+    pub ple_vocab_base: Option<u64>,
+    /// Where the n-gram table is kept (`None`: as the memory plan places it in a real load).
+    pub ple_table: Option<crate::registry::Placement>,
     pub seed: u64,
 }
 
@@ -72,7 +75,7 @@ pub fn bench_plan(
     config_text: &str,
     origin: &str,
     layers: Option<usize>,
-    ple_vocab_base: u64,
+    ple_vocab_base: Option<u64>,
 ) -> Result<ModelPlan> {
     let mut v: serde_json::Value =
         serde_json::from_str(config_text).map_err(|e| Error::Input(format!("{origin}: {e}")))?;
@@ -99,7 +102,9 @@ pub fn bench_plan(
             .collect();
         text["ple_layer_ids"] = serde_json::Value::Array(kept);
     }
-    text["ngram_vocab_size_base"] = ple_vocab_base.into();
+    if let Some(base) = ple_vocab_base {
+        text["ngram_vocab_size_base"] = base.into();
+    }
     Ok(ModelPlan::from_json_str(&v.to_string(), origin)?)
 }
 
@@ -185,14 +190,15 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .max()
         .unwrap_or(1024);
     let options = ModelOptions {
-        // Each context runs five timed passes of `decode_steps` tokens (graphs without and with
-        // overlap, greedy, host times, eager), their warm-ups, up to 16 segment-timed and 4
-        // profiled tokens: within 6 * decode_steps + 64 for any decode_steps.
-        context_capacity: Some(max_ctx + opts.decode_steps * 6 + 64),
+        // Each context runs six timed passes of `decode_steps` tokens (graphs without and with
+        // overlap, greedy, sampled, host times, eager), five of them after 3 warm-up tokens, up
+        // to 16 segment-timed, 4 profiled and 32 traced tokens: within 7 * decode_steps + 96.
+        context_capacity: Some(max_ctx + opts.decode_steps * 7 + 96),
         graphs_dir: opts.graphs_dir.clone(),
         overrides: opts.overrides.clone(),
         fusions: opts.fusions.clone(),
         cuda_launch_twice: opts.launch_twice.clone(),
+        ple_table: opts.ple_table,
         ..Default::default()
     };
     // Graph files, rules and fusions are checked before the device is opened: lowering the
@@ -248,6 +254,9 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .cuda()
         .expect("a model made on the GPU runs there");
     let weight_bytes = cuda.weights.bytes;
+    let memory_plan = model
+        .memory_plan
+        .map_or_else(|| "not made".to_string(), |p| p.to_string());
     let session = || -> CudaSession<'_> { Session::with_executor(&model, cuda.executor()) };
     let chunk_prefill = |s: &mut CudaSession, n: usize, offset: usize| -> Result<()> {
         let mut done = 0;
@@ -311,13 +320,38 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     for &ctx in &opts.contexts {
         let mut s = session();
         chunk_prefill(&mut s, ctx, 11)?;
-        let timed_with = |s: &mut CudaSession, graphs: bool, greedy: bool| -> Result<f64> {
+        // How a timed step chooses: not at all (the logits downloaded), greedily on the device,
+        // or sampled on the host from the downloaded logits (temperature 0.7, top-k 50, top-p
+        // 0.9: a chat's settings).
+        #[derive(Clone, Copy, PartialEq)]
+        enum Choice {
+            Logits,
+            Greedy,
+            Sampled,
+        }
+        let sampling = crate::runtime::Sampling::Sample {
+            temperature: 0.7,
+            top_k: Some(50),
+            top_p: Some(0.9),
+            seed: 1,
+        };
+        let timed_with = |s: &mut CudaSession, graphs: bool, choice: Choice| -> Result<f64> {
             s.executor_mut().graphs = graphs;
-            let step = |s: &mut CudaSession, id: u32| -> Result<()> {
-                if greedy {
-                    s.greedy(&[id])?;
-                } else {
-                    s.decode(id)?;
+            let mut sampler = crate::runtime::Sampler::new(sampling.clone())?;
+            let mut step = |s: &mut CudaSession, id: u32| -> Result<()> {
+                match choice {
+                    Choice::Greedy => {
+                        s.greedy(&[id])?;
+                    }
+                    Choice::Logits => {
+                        s.decode(id)?;
+                    }
+                    Choice::Sampled => {
+                        let logits = s.decode(id)?;
+                        sampler.next(&logits).map_err(|bad| {
+                            Error::Input(format!("the bench's logits hold {}", bad.value))
+                        })?;
+                    }
                 }
                 Ok(())
             };
@@ -330,12 +364,13 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             }
             Ok(t.elapsed().as_secs_f64() * 1e3 / opts.decode_steps as f64)
         };
-        let timed = |s: &mut CudaSession, graphs: bool| timed_with(s, graphs, false);
+        let timed = |s: &mut CudaSession, graphs: bool| timed_with(s, graphs, Choice::Logits);
         s.executor_mut().instrumentation.programmatic_launch = false;
         let ms_graphs_serial = timed(&mut s, true)?;
         s.executor_mut().instrumentation.programmatic_launch = true;
         let ms_graphs = timed(&mut s, true)?;
-        let ms_greedy = timed_with(&mut s, true, true)?;
+        let ms_greedy = timed_with(&mut s, true, Choice::Greedy)?;
+        let ms_sampled = timed_with(&mut s, true, Choice::Sampled)?;
         s.executor_mut().instrumentation.segment_ms = Some(Vec::new());
         for i in 0..opts.decode_steps.min(16) {
             s.decode(token(i + 30, vocab))?;
@@ -367,6 +402,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         let per = |seconds: f64| seconds * 1e6 / host.steps.max(1) as f64;
         let host_us_per_token = HostRow {
             submit: per(host.submit),
+            host_steps: per(host.host_steps),
             wait: per(host.wait),
             download: per(host.download),
             outside: (wall_us - (host.submit + host.wait + host.download) * 1e6)
@@ -400,6 +436,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             ms_per_segment,
             ms_per_token_eager: ms_eager,
             ms_per_token_greedy: ms_greedy,
+            ms_per_token_sampled: ms_sampled,
             host_us_per_token,
             bytes_per_token: bytes,
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
@@ -432,6 +469,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         experts: opts.experts.to_string(),
         layer_kinds,
         weight_bytes_on_device: weight_bytes,
+        memory_plan,
         copy_bandwidth_gb_s: bandwidth,
         segments_per_decode_step: decode_program.segments.len(),
         decode,

@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn a_timeline_is_profiled_by_node() {
         let text = include_str!("../../tests/data/configs/qwen3.8-flash-next.json");
-        let plan = bench_plan(text, "qwen3.8-flash-next.json", Some(1), 1009).unwrap();
+        let plan = bench_plan(text, "qwen3.8-flash-next.json", Some(1), Some(1009)).unwrap();
         let graphs = crate::lower::GraphSet::embedded().unwrap();
         let mut opts = crate::lower::LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
         opts.device = crate::ir::Device::Cuda;

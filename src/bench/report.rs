@@ -18,6 +18,9 @@ pub struct DecodeRow {
     /// Graphs replayed as for `ms_per_token_graphs`, each token chosen greedily on the device
     /// (`Session::greedy`: 8 bytes downloaded instead of the logits).
     pub ms_per_token_greedy: f64,
+    /// Replayed, the logits downloaded and sampled on the host (temperature 0.7, top-k 50,
+    /// top-p 0.9).
+    pub ms_per_token_sampled: f64,
     /// The host side of replayed steps, µs a token (a pass of its own).
     pub host_us_per_token: HostRow,
     pub bytes_per_token: u64,
@@ -31,6 +34,8 @@ pub struct DecodeRow {
 #[derive(Debug, Default, Serialize)]
 pub struct HostRow {
     pub submit: f64,
+    /// Of `submit`, the host steps (the PLE rows gathered on the host, where it keeps the table).
+    pub host_steps: f64,
     pub wait: f64,
     pub download: f64,
     pub outside: f64,
@@ -57,6 +62,8 @@ pub struct BenchReport {
     pub experts: String,
     pub layer_kinds: String,
     pub weight_bytes_on_device: usize,
+    /// The memory plan (`runtime::memory`): where the n-gram table went, what each part takes.
+    pub memory_plan: String,
     pub copy_bandwidth_gb_s: f64,
     /// Segments of the decode program (`passes::segment`: runs of nodes with no host work
     /// between them, one CUDA graph each).
@@ -155,6 +162,7 @@ impl std::fmt::Display for BenchReport {
             self.experts,
             self.weight_bytes_on_device as f64 / 1e9
         )?;
+        writeln!(f, "memory plan: {}", self.memory_plan)?;
         writeln!(f, "schedule: {}", self.schedule)?;
         writeln!(
             f,
@@ -183,17 +191,20 @@ impl std::fmt::Display for BenchReport {
         for r in &self.decode {
             writeln!(
                 f,
-                "  greedy decode at {} (the id chosen on the device, 8 bytes downloaded): {:.3} ms/tok",
-                r.context, r.ms_per_token_greedy
+                "  greedy decode at {} (the id chosen on the device, 8 bytes downloaded): {:.3} ms/tok; \
+                 sampled (the logits downloaded, temperature 0.7, top-k 50, top-p 0.9 on the host): \
+                 {:.3} ms/tok",
+                r.context, r.ms_per_token_greedy, r.ms_per_token_sampled
             )?;
         }
         for r in &self.decode {
             let h = &r.host_us_per_token;
             writeln!(
                 f,
-                "  host per replayed token at {}: {:.1} us until launched, {:.1} waiting for the \
-                 device, {:.1} downloading the logits, {:.1} outside the executor",
-                r.context, h.submit, h.wait, h.download, h.outside
+                "  host per replayed token at {}: {:.1} us until launched ({:.1} of them in host \
+                 steps), {:.1} waiting for the device, {:.1} downloading the logits, {:.1} outside \
+                 the executor",
+                r.context, h.submit, h.host_steps, h.wait, h.download, h.outside
             )?;
         }
         let b = &self.decode_bytes_at_largest_context;

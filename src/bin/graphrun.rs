@@ -70,10 +70,14 @@ struct BenchArgs {
     /// Prefill chunk (tokens per step); 0: each prompt in one step, as `graphrun run` prefills.
     #[arg(long, default_value_t = 0)]
     chunk: usize,
-    /// Prime base of the PLE n-gram table (the real 20000000 makes a 102 GB table; the lookup
-    /// reads 16 rows a token whatever the table's size).
-    #[arg(long, default_value_t = 100_000)]
-    ple_vocab_base: u64,
+    /// Prime base of the PLE n-gram table (default: the config's; the real 20000000 makes a
+    /// 102 GB table, kept on the host as a real load keeps it; a token reads 16 rows whatever
+    /// the table's size).
+    #[arg(long)]
+    ple_vocab_base: Option<u64>,
+    /// Where the n-gram table is kept: device or host (default: as the memory plan places it).
+    #[arg(long, value_name = "WHERE")]
+    ple_table: Option<graphrun::registry::Placement>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write the report as JSON.
@@ -141,6 +145,10 @@ struct Placement {
     /// On the GPU, synchronise after every node (eager, slow) so that a kernel fault names its kernel.
     #[arg(long)]
     sync_each_node: bool,
+    /// On the GPU, where the PLE n-gram table is kept: device, or host (each step's rows
+    /// gathered there and copied in). Default: the device when the memory plan fits it there.
+    #[arg(long, value_name = "WHERE")]
+    ple_table: Option<graphrun::registry::Placement>,
 }
 
 #[derive(Args)]
@@ -222,6 +230,9 @@ struct LowerArgs {
     /// release's packed experts, on CUDA).
     #[arg(long)]
     experts: Option<WeightFormat>,
+    /// Where a CUDA executor keeps the PLE n-gram table: device (default) or host.
+    #[arg(long, value_name = "WHERE", default_value = "device")]
+    ple_table: graphrun::registry::Placement,
     /// The CUDA device's compute capability as major*10 + minor (default: an H200's, 90).
     #[arg(long, default_value_t = 90)]
     arch: u32,
@@ -300,8 +311,12 @@ fn load_model(
         no_cuda_graphs: placement.no_graphs,
         cuda_sync_each_node: placement.sync_each_node,
         cuda_launch_twice: Vec::new(),
+        ple_table: placement.ple_table,
     };
     let model = Model::load(dir, options)?;
+    if let Some(plan) = &model.memory_plan {
+        stderr::line(format_args!("memory plan: {plan}"));
+    }
     if let Some(notice) = &model.fallback_notice {
         stderr::line(format_args!("notice: {notice}"));
     }
@@ -463,6 +478,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             opts.device = a.device;
             opts.weight_format = a.weights;
             opts.expert_format = a.experts;
+            opts.ple_table = a.ple_table;
             if a.device == graphrun::ir::Device::Cuda {
                 opts.device_facts = Some(DeviceFacts::cuda(a.arch, a.sms));
             }
@@ -556,6 +572,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 decode_steps: a.decode_steps.max(1),
                 chunk: a.chunk,
                 ple_vocab_base: a.ple_vocab_base,
+                ple_table: a.ple_table,
                 seed: a.seed,
                 sweep_linear: a.sweep_linear,
                 graphs_dir: cli.graphs.clone(),

@@ -43,6 +43,7 @@ pub use dtype::DType;
 pub use error::CheckpointError;
 pub use finite::{find_non_finite, NonFinite};
 pub use reader::{read_header, Checkpoint, TensorInfo};
+pub use safetensors_file::MappedTensor;
 pub use writer::{
     f32_bytes, f32_to_bf16_bytes, f32_to_f16_bytes, i64_bytes, write_index, write_safetensors,
     SafetensorsWriter, TensorData, TensorHeader,

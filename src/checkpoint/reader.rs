@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::dtype::{bytes_to_f32, bytes_to_i64, DType};
 use super::error::CheckpointError;
 use super::finite::find_non_finite;
-use super::safetensors_file::{parse_header, SafetensorsFile, StoredTensor};
+use super::safetensors_file::{parse_header, MappedTensor, SafetensorsFile, StoredTensor};
 
 /// Description of one tensor of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +144,13 @@ impl Checkpoint {
     pub fn bytes(&self, name: &str) -> Result<&[u8], CheckpointError> {
         let loc = self.locate(name)?;
         Ok(self.files[loc.file].tensor_bytes(&loc.tensor))
+    }
+
+    /// The tensor's bytes as a handle that keeps its file mapped (a table read on the host
+    /// after the checkpoint is dropped).
+    pub fn mapped(&self, name: &str) -> Result<MappedTensor, CheckpointError> {
+        let loc = self.locate(name)?;
+        Ok(self.files[loc.file].tensor_mapping(&loc.tensor))
     }
 
     /// Converts an f32/f16/bf16 tensor to `f32` (f16/bf16 widened exactly).

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use serde::Deserialize;
@@ -54,7 +55,8 @@ pub(crate) struct Header {
 #[derive(Debug)]
 pub(crate) struct SafetensorsFile {
     pub path: PathBuf,
-    mmap: Mmap,
+    /// Shared with what outlives the checkpoint's other uses (a table read on the host).
+    mmap: Arc<Mmap>,
     pub header: Header,
 }
 
@@ -87,7 +89,7 @@ impl SafetensorsFile {
         let header = parse_header(path, &mmap)?;
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
-            mmap,
+            mmap: Arc::new(mmap),
             header,
         })
     }
@@ -95,6 +97,29 @@ impl SafetensorsFile {
     /// Bytes of a tensor of this file's header (offsets already validated).
     pub(crate) fn tensor_bytes(&self, t: &StoredTensor) -> &[u8] {
         &self.mmap[self.header.data_start + t.start..self.header.data_start + t.end]
+    }
+
+    /// The mapping and the byte range of a tensor of this file's header.
+    pub(crate) fn tensor_mapping(&self, t: &StoredTensor) -> MappedTensor {
+        MappedTensor {
+            map: self.mmap.clone(),
+            start: self.header.data_start + t.start,
+            end: self.header.data_start + t.end,
+        }
+    }
+}
+
+/// A tensor's bytes that keep their file mapped for as long as they are held.
+#[derive(Debug, Clone)]
+pub struct MappedTensor {
+    map: Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl MappedTensor {
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.end]
     }
 }
 

@@ -19,7 +19,7 @@ pub use graphset::GraphSet;
 use crate::ir::{Device, LogitsMode, Phase, Program};
 use crate::passes;
 use crate::plan::ModelPlan;
-use crate::registry::{DeviceFacts, StorageFormats, WeightFormat};
+use crate::registry::{DeviceFacts, Placement, StorageFormats, WeightFormat};
 use crate::rules::RuleOverride;
 
 /// What to lower for.
@@ -41,6 +41,8 @@ pub struct LowerOptions {
     /// How the executor stores the routed experts' banks, where not as the other matrices
     /// (NVFP4 experts on CUDA).
     pub expert_format: Option<WeightFormat>,
+    /// Where a CUDA executor keeps the PLE n-gram table (on the CPU it is always in memory).
+    pub ple_table: Placement,
     /// The executor the program is for.
     pub device: Device,
     /// The device's properties the rules and kernels depend on; `None`: the executor's defaults
@@ -59,6 +61,7 @@ impl LowerOptions {
             weight_dtype: None,
             weight_format: None,
             expert_format: None,
+            ple_table: Placement::Device,
             device: Device::Cpu,
             device_facts: None,
         }
@@ -81,6 +84,10 @@ impl LowerOptions {
         StorageFormats {
             matrices,
             experts: self.expert_format.unwrap_or(matrices),
+            ple_table: match self.device {
+                Device::Cpu => Placement::Device,
+                Device::Cuda => self.ple_table,
+            },
         }
     }
 }

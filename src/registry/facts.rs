@@ -78,6 +78,40 @@ impl std::str::FromStr for WeightFormat {
 pub struct StorageFormats {
     pub matrices: WeightFormat,
     pub experts: WeightFormat,
+    /// Where the PLE n-gram table is kept (the fact `host_table` of the nodes that read it).
+    pub ple_table: Placement,
+}
+
+/// Where an executor keeps a table a step reads only a few rows of (the PLE n-gram table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Placement {
+    /// In the executor's memory (a CPU's tables are always there).
+    #[default]
+    Device,
+    /// In host memory (the checkpoint's mapping), the rows a step needs gathered there.
+    Host,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "device" => Ok(Placement::Device),
+            "host" => Ok(Placement::Host),
+            other => Err(format!(
+                "unknown placement `{other}` (expected device or host)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Device => "device",
+            Placement::Host => "host",
+        })
+    }
 }
 
 impl StorageFormats {
@@ -96,6 +130,7 @@ impl From<WeightFormat> for StorageFormats {
         StorageFormats {
             matrices: f,
             experts: f,
+            ple_table: Placement::Device,
         }
     }
 }
@@ -188,7 +223,8 @@ impl NodeFacts {
         rows: usize,
         formats: impl Into<StorageFormats>,
     ) -> NodeFacts {
-        let format = formats.into().of(&node.op);
+        let formats = formats.into();
+        let format = formats.of(&node.op);
         let mut dims = op_params(&node.op);
         let weight_shape = |i: usize| {
             node.weights
@@ -266,6 +302,10 @@ impl NodeFacts {
             }
             _ => {}
         }
+        if reads_ple_table(program, node) {
+            let on_host = formats.ple_table == Placement::Host;
+            dims.insert("host_table".into(), on_host as usize);
+        }
         NodeFacts {
             op: node.op.kind(),
             tokens: rows,
@@ -273,6 +313,21 @@ impl NodeFacts {
             dims,
             weight: has_matrix.then_some(format),
         }
+    }
+}
+
+/// Whether `node` gathers rows of a PLE n-gram table: the fused `PleEmbed`, or an `Embed` of
+/// the ids a `PleNgramIds` node hashed.
+pub fn reads_ple_table(program: &Program, node: &Node) -> bool {
+    match node.op {
+        Op::PleEmbed { .. } => true,
+        Op::Embed => node.inputs.first().is_some_and(|ids| {
+            program
+                .nodes
+                .iter()
+                .any(|n| matches!(n.op, Op::PleNgramIds { .. }) && n.outputs.contains(ids))
+        }),
+        _ => false,
     }
 }
 

@@ -11,7 +11,9 @@ pub mod cpu;
 pub mod cuda;
 pub mod facts;
 
-pub use facts::{node_rows, DeviceFacts, NodeFacts, StorageFormats, WeightFormat};
+pub use facts::{
+    node_rows, reads_ple_table, DeviceFacts, NodeFacts, Placement, StorageFormats, WeightFormat,
+};
 
 use crate::ir::Device;
 

@@ -12,11 +12,12 @@ use crate::ir::{LogitsMode, Phase, Program};
 use crate::lower::{self, GraphSet, LowerOptions};
 use crate::passes::schedule::RuleOverride;
 use crate::plan::ModelPlan;
-use crate::registry::WeightFormat;
+use crate::registry::{Placement, WeightFormat};
 use crate::weights::{self, Weights};
 
 use super::backend::{Backend, CudaBackend};
 use super::checked::{host_available_bytes, CheckedDir};
+use super::memory::MemoryPlan;
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -40,6 +41,9 @@ pub struct ModelOptions {
     /// block); unset, a CUDA session holds min(max_position_embeddings, 8192), a CPU session
     /// max_position_embeddings.
     pub context_capacity: Option<usize>,
+    /// Where a CUDA model keeps the PLE n-gram table (`--ple-table`); `None`: on the device
+    /// when the memory plan fits it there, else on the host (`runtime::memory`).
+    pub ple_table: Option<Placement>,
 }
 
 impl ModelOptions {
@@ -138,6 +142,10 @@ pub struct Model {
     pub expert_format: Option<WeightFormat>,
     /// How the weights reached the device (a CUDA load from files).
     pub load_report: Option<crate::exec::cuda::executor::LoadReport>,
+    /// What the model takes on its device, by part (a CUDA model).
+    pub memory_plan: Option<MemoryPlan>,
+    /// Where the PLE n-gram table is kept (the device's memory, or the host's on CUDA).
+    pub ple_table: Placement,
     options: ModelOptions,
     programs: Mutex<HashMap<(Phase, usize, LogitsMode), Arc<Program>>>,
 }
@@ -175,8 +183,13 @@ impl Model {
             if !resolved.nvfp4.is_empty() {
                 model.expert_format = Some(WeightFormat::Nvfp4);
             }
+            let bf16 = model.weight_dtype == "bf16";
+            let weights = |p| cuda::executor::planned_bytes(&probe, &resolved, bf16, p).0;
+            let memory = model.plan_memory(&gpu, weights)?;
+            model.ple_table = memory.ple_table;
+            model.memory_plan = Some(memory);
             let (weights, report) =
-                DeviceWeights::load(&gpu, &probe, &ckpt, &resolved, model.weight_dtype == "bf16")?;
+                DeviceWeights::load(&gpu, &probe, &ckpt, &resolved, bf16, model.ple_table)?;
             model.load_report = Some(report);
             model.backend = cuda_backend(&model.plan, &model.options, gpu, weights);
         }
@@ -205,12 +218,17 @@ impl Model {
             &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
         )?;
         let nvfp4 = experts == WeightFormat::Nvfp4;
-        let weights = DeviceWeights::random(&gpu, &probe.program, true, nvfp4, seed)?;
-        let backend = cuda_backend(&plan, &options, gpu, weights);
         let mut model = Model::from_parts(plan, graphs, Weights::new(), options);
         model.weight_dtype = "bf16".into();
         model.expert_format = nvfp4.then_some(WeightFormat::Nvfp4);
-        model.backend = backend;
+        let program = &probe.program;
+        let memory = model.plan_memory(&gpu, |p| {
+            cuda::executor::planned_random_bytes(program, nvfp4, p)
+        })?;
+        model.ple_table = memory.ple_table;
+        model.memory_plan = Some(memory);
+        let weights = DeviceWeights::random(&gpu, program, true, nvfp4, model.ple_table, seed)?;
+        model.backend = cuda_backend(&model.plan, &model.options, gpu, weights);
         Ok(model)
     }
 
@@ -232,6 +250,8 @@ impl Model {
             fallback_notice: None,
             expert_format: None,
             load_report: None,
+            memory_plan: None,
+            ple_table: Placement::Device,
             options,
             programs: Mutex::new(HashMap::new()),
         }
@@ -251,6 +271,7 @@ impl Model {
             Some(self.weight_dtype.clone()),
         );
         opts.expert_format = self.expert_format;
+        opts.ple_table = self.ple_table;
         // Scheduled for the device the model is on (its arch and multiprocessors).
         if let Backend::Cuda(cuda) = &self.backend {
             opts.device_facts = Some(cuda.gpu.facts());
@@ -261,6 +282,48 @@ impl Model {
             .expect("program cache lock")
             .insert(key, program.clone());
         Ok(program)
+    }
+
+    /// The memory plan of this model on `gpu` (`runtime::memory`), before anything is placed:
+    /// `weights(placement)` is what the weights take on the device with the n-gram table kept
+    /// there or on the host; the caches and workspace come from this model's decode and
+    /// prefill-chunk programs at its context capacity.
+    fn plan_memory(&self, gpu: &Gpu, weights: impl Fn(Placement) -> usize) -> Result<MemoryPlan> {
+        use cuda::executor::{session_bytes, step_bytes};
+        let capacity = cuda_capacity(&self.plan, &self.options);
+        let lowered = |phase, tokens| {
+            let mut opts = self.options.lower_options(
+                phase,
+                tokens,
+                LogitsMode::Last,
+                crate::ir::Device::Cuda,
+                Some(self.weight_dtype.clone()),
+            );
+            opts.expert_format = self.expert_format;
+            opts.device_facts = Some(gpu.facts());
+            lower::lower(&self.plan, &self.graphs, &opts).map(|l| l.program)
+        };
+        let decode = lowered(Phase::Decode, 1)?;
+        let chunk = PLANNED_PREFILL_ROWS.min(capacity);
+        let workspace = step_bytes(&decode, capacity)
+            + match chunk {
+                0 | 1 => 0,
+                // A full chunk's shape and a prompt's last, shorter one (`CudaExecutor` keeps two).
+                n => 2 * step_bytes(&lowered(Phase::Prefill, n)?, capacity),
+            };
+        let (on_device, on_host) = (weights(Placement::Device), weights(Placement::Host));
+        let needs = super::memory::Needs {
+            weights: on_host,
+            table: on_device - on_host,
+            caches: session_bytes(&decode, capacity),
+            capacity,
+            workspace,
+        };
+        let (free, _) = gpu
+            .ctx
+            .mem_get_info()
+            .map_err(|e| cuda::CudaError::driver("asking the device's free memory", None, e))?;
+        MemoryPlan::make(needs, free, self.options.ple_table)
     }
 
     pub fn options(&self) -> &ModelOptions {
@@ -296,11 +359,7 @@ fn cuda_backend(
     gpu: Gpu,
     weights: DeviceWeights,
 ) -> Backend {
-    let block = plan.indexer.as_ref().map(|i| i.compress_ratio).unwrap_or(1);
-    let capacity = options
-        .context_capacity
-        .unwrap_or(plan.max_position_embeddings.min(8192))
-        .next_multiple_of(block);
+    let capacity = cuda_capacity(plan, options);
     Backend::Cuda(CudaBackend {
         gpu,
         weights,
@@ -310,13 +369,27 @@ fn cuda_backend(
     })
 }
 
+/// The rows each CUDA sequence's caches hold: `context_capacity`, by default
+/// min(max_position_embeddings, 8192), rounded up to the indexer's block.
+fn cuda_capacity(plan: &ModelPlan, options: &ModelOptions) -> usize {
+    let block = plan.indexer.as_ref().map(|i| i.compress_ratio).unwrap_or(1);
+    options
+        .context_capacity
+        .unwrap_or(plan.max_position_embeddings.min(8192))
+        .next_multiple_of(block)
+}
+
+/// The prefill chunk the memory plan counts workspace for.
+const PLANNED_PREFILL_ROWS: usize = 4096;
+
 /// Refuses a CPU load whose f32 widening cannot fit the host's available memory (`available`,
 /// where known), naming the figures, before anything is widened.
 fn fits_the_host(checked: &CheckedDir, dir: &Path, available: Option<usize>) -> Result<()> {
     let need = checked.parameters().saturating_mul(4);
     match available {
         Some(have) if need > have => Err(Error::Input(format!(
-            "{}: the CPU reference widens every weight to f32, {:.1} GB, and the host has {:.1} GB              available; run it on a GPU (--device cuda)",
+            "{}: the CPU reference widens every weight to f32, {:.1} GB, and the host has {:.1} GB \
+             available; run it on a GPU (--device cuda)",
             dir.display(),
             need as f64 / 1e9,
             have as f64 / 1e9

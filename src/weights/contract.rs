@@ -601,11 +601,22 @@ pub fn buffer_expectation(name: &str, consts: &Consts) -> Option<Vec<i64>> {
 /// tensor name. (NVFP4 codes and scales have no non-finite values: NaN scale bytes read as +0,
 /// and the global scales were checked finite and positive.)
 pub fn check_finite(ckpt: &Checkpoint, resolved: &Resolved) -> Result<(), ContractError> {
+    check_finite_except(ckpt, resolved, &[])
+}
+
+/// [`check_finite`] but for the checkpoint tensors `skipped` (tables read a few rows at a time,
+/// whose rows are checked as they are read).
+pub fn check_finite_except(
+    ckpt: &Checkpoint,
+    resolved: &Resolved,
+    skipped: &[&str],
+) -> Result<(), ContractError> {
     let mut bad: Vec<NonFiniteTensor> = resolved
         .weights
         .par_iter()
         .filter(|(w, _)| w.class == WeightClass::Float)
         .flat_map_iter(|(_, source)| source.tensors())
+        .filter(|name| !skipped.contains(name))
         .filter_map(|name| {
             let info = ckpt.info(name)?;
             let found = find_non_finite(&info.dtype, ckpt.bytes(name).ok()?)?;

@@ -11,12 +11,14 @@
 
 pub mod causes;
 pub mod contract;
+pub mod host_table;
 pub mod resolve;
 
 use std::collections::HashMap;
 
 pub use causes::FieldMismatch;
 pub use contract::{check_contract, check_sizes, ContractError, NonFiniteTensor, Problem};
+pub use host_table::{HostTable, TableElement};
 
 /// One weight, widened to f32.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,12 +2,22 @@
 //! `kernels/*.cu`, `<op>_<variant>_<dtype>`.
 
 pub mod attention;
+pub mod embed;
 pub mod gdn;
 pub mod layout;
 pub mod linear;
 pub mod moe;
 
 use super::{any, Variant};
+
+/// The prefix of a kernel name the executor runs on the host, before the step's graphs: its
+/// result reaches the step through a buffer the step copies from.
+pub const HOST_PREFIX: &str = "host_";
+
+/// Whether the kernels of a node start with a step on the host ([`HOST_PREFIX`]).
+pub fn runs_on_host(kernels: &[String]) -> bool {
+    kernels.first().is_some_and(|k| k.starts_with(HOST_PREFIX))
+}
 
 /// A variant of one kernel that takes every node its op makes.
 macro_rules! single {
@@ -54,9 +64,9 @@ pub static VARIANTS: &[&[Variant]] = &[
     layout::HC_MIX,
     layout::HC_INJECT,
     layout::SWIGLU_LINEAR,
-    single!("embed", per_format "embed_reference", "a thread per gathered value"),
+    embed::EMBED,
     single!("embed_streams", per_format "embed_streams_reference", "a thread per gathered value, written to every stream"),
-    single!("ple_embed", per_format "ple_embed", "the n-gram ids hashed and their rows gathered in one kernel"),
+    embed::PLE_EMBED,
     single!(
         "repeat_streams",
         "repeat_streams_reference_f32",

@@ -83,6 +83,9 @@ impl Instrumentation {
 pub struct HostTimes {
     pub steps: usize,
     pub submit: f64,
+    /// Of `submit`, the host steps of nodes that start on the host (the PLE table's ids and
+    /// gather and their upload, where the table is kept on the host).
+    pub host_steps: f64,
     pub wait: f64,
     pub download: f64,
 }

@@ -8,11 +8,13 @@ use std::time::Instant;
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
-use super::weights::matrix_weights;
+use super::weights::{Keep, Keeping};
 use super::*;
 use crate::checkpoint::{Checkpoint, DType};
 use crate::error::Error;
+use crate::registry::Placement;
 use crate::weights::contract::{self, Resolved};
+use crate::weights::{HostTable, TableElement};
 
 /// Largest conversion buffer a load holds at once.
 const STAGING_BYTES: usize = 64 << 20;
@@ -73,15 +75,17 @@ fn proc_status_bytes(field: &str) -> Option<usize> {
     Some(kb * 1024)
 }
 
-/// The bytes [`DeviceWeights::load`] places for `resolved` (the same formats: NVFP4 banks as
-/// stored, matrices as bf16 when `bf16`, the rest as f32), and the largest weight with its
-/// bytes: what a load is planned against before it starts.
+/// The bytes [`DeviceWeights::load`] places on the device for `resolved` (kept as [`Keeping`]
+/// says: NVFP4 banks as stored, matrices as bf16 when `bf16`, the rest as f32, host tables
+/// not at all), and the largest weight with its bytes: what a load is planned against before
+/// it starts.
 pub fn planned_bytes(
     program: &Program,
     resolved: &Resolved,
     bf16: bool,
+    ple_table: Placement,
 ) -> (usize, Option<(String, usize)>) {
-    let matrix_names = matrix_weights(program);
+    let keeping = Keeping::new(program, bf16, ple_table);
     let used: std::collections::HashSet<&str> =
         program.weights.iter().map(|w| w.name.as_str()).collect();
     let mut total = 0usize;
@@ -92,16 +96,9 @@ pub fn planned_bytes(
         }
         let elements: usize = info.shape.iter().product();
         let parts = source.tensors();
-        let bytes = if parts
-            .first()
-            .is_some_and(|t| resolved.nvfp4.contains_key(*t))
-        {
-            elements / 2 + elements / crate::quant::nvfp4::GROUP + 4 * parts.len()
-        } else if matrix_names.contains(info.name.as_str()) && bf16 {
-            2 * elements
-        } else {
-            4 * elements
-        };
+        let bytes = keeping
+            .of(&info.name, is_nvfp4(resolved, &parts))
+            .device_bytes(elements, parts.len());
         total += bytes;
         if largest.as_ref().is_none_or(|(_, b)| bytes > *b) {
             largest = Some((info.name.clone(), bytes));
@@ -110,21 +107,52 @@ pub fn planned_bytes(
     (total, largest)
 }
 
+/// The bytes [`DeviceWeights::random`] places on the device for `program` (bf16 matrices, the
+/// routed experts as NVFP4 banks with `nvfp4_experts`).
+pub fn planned_random_bytes(program: &Program, nvfp4_experts: bool, ple_table: Placement) -> usize {
+    let keeping = Keeping::new(program, true, ple_table);
+    let experts = super::weights::expert_banks(program);
+    program
+        .weights
+        .iter()
+        .filter(|w| w.class == WeightClass::Float)
+        .map(|w| {
+            let elements: usize = w.shape.iter().product();
+            let per_global = experts.get(&w.name).filter(|_| nvfp4_experts);
+            let globals = per_global.map_or(0, |&r| {
+                elements / (r * w.shape.last().copied().unwrap_or(1)).max(1)
+            });
+            keeping
+                .of(&w.name, per_global.is_some())
+                .device_bytes(elements, globals)
+        })
+        .sum()
+}
+
+/// Whether a weight's checkpoint tensors are NVFP4 matrices.
+fn is_nvfp4(resolved: &Resolved, parts: &[&str]) -> bool {
+    parts
+        .first()
+        .is_some_and(|t| resolved.nvfp4.contains_key(*t))
+}
+
 impl DeviceWeights {
     /// Every weight `program` uses, from the checked contract `resolved` of `ckpt`, after the
-    /// non-finite scan ([`contract::check_finite`]); matrices as bf16 when `bf16` (a bf16
-    /// checkpoint), NVFP4 banks packed.
+    /// non-finite scan ([`contract::check_finite_except`]); matrices as bf16 when `bf16` (a
+    /// bf16 checkpoint), NVFP4 banks packed, the PLE n-gram tables left in their mapping when
+    /// `ple_table` keeps them on the host.
     pub fn load(
         gpu: &Gpu,
         program: &Program,
         ckpt: &Checkpoint,
         resolved: &Resolved,
         bf16: bool,
+        ple_table: Placement,
     ) -> Result<(DeviceWeights, LoadReport), Error> {
         let start = Instant::now();
         // Planned before anything is read: a model that does not fit is refused with the figures,
         // not by an allocation failing partway through the load.
-        let (need, largest) = planned_bytes(program, resolved, bf16);
+        let (need, largest) = planned_bytes(program, resolved, bf16, ple_table);
         let (free, _) = gpu
             .ctx
             .mem_get_info()
@@ -140,9 +168,18 @@ impl DeviceWeights {
                 free as f64 / 1e9
             )));
         }
-        contract::check_finite(ckpt, resolved)?;
+        let keeping = Keeping::new(program, bf16, ple_table);
+        // A host table's rows are checked as they are gathered (`HostTable::gather`): scanning
+        // all of it here would read the release's 102 GB table that the load otherwise leaves
+        // unread.
+        let skipped: Vec<&str> = resolved
+            .weights
+            .iter()
+            .filter(|(info, _)| keeping.on_host(&info.name))
+            .flat_map(|(_, source)| source.tensors())
+            .collect();
+        contract::check_finite_except(ckpt, resolved, &skipped)?;
         let mut dw = DeviceWeights::empty();
-        let matrix_names = matrix_weights(program);
         let used: std::collections::HashSet<&str> =
             program.weights.iter().map(|w| w.name.as_str()).collect();
         for (info, source) in &resolved.weights {
@@ -151,24 +188,29 @@ impl DeviceWeights {
             }
             let parts = source.tensors();
             let name = info.name.as_str();
-            if parts
-                .first()
-                .is_some_and(|t| resolved.nvfp4.contains_key(*t))
-            {
-                let bank = nvfp4_bank(gpu, ckpt, resolved, info, &parts)?;
-                dw.bytes += bank.bytes();
-                dw.nvfp4.insert(info.name.clone(), bank);
-            } else if matrix_names.contains(name) && bf16 {
-                let m = upload_parts::<u16>(gpu, ckpt, &parts, name)?;
-                dw.bytes += m.len() * 2;
-                dw.matrices.insert(info.name.clone(), DeviceMatrix::Bf16(m));
-            } else {
-                let v = upload_parts::<f32>(gpu, ckpt, &parts, name)?;
-                dw.bytes += v.len() * 4;
-                if matrix_names.contains(name) {
-                    dw.matrices.insert(info.name.clone(), DeviceMatrix::F32(v));
-                } else {
-                    dw.vectors.insert(info.name.clone(), v);
+            match keeping.of(name, is_nvfp4(resolved, &parts)) {
+                Keep::HostTable { .. } => {
+                    let table = host_table(ckpt, info, &parts)?;
+                    dw.host_tables.insert(info.name.clone(), table);
+                }
+                Keep::Nvfp4 => {
+                    let bank = nvfp4_bank(gpu, ckpt, resolved, info, &parts)?;
+                    dw.bytes += bank.bytes();
+                    dw.nvfp4.insert(info.name.clone(), bank);
+                }
+                Keep::Matrix { bf16: true } => {
+                    let m = upload_parts::<u16>(gpu, ckpt, &parts, name)?;
+                    dw.bytes += m.len() * 2;
+                    dw.matrices.insert(info.name.clone(), DeviceMatrix::Bf16(m));
+                }
+                keep => {
+                    let v = upload_parts::<f32>(gpu, ckpt, &parts, name)?;
+                    dw.bytes += v.len() * 4;
+                    if keep == Keep::Vector {
+                        dw.vectors.insert(info.name.clone(), v);
+                    } else {
+                        dw.matrices.insert(info.name.clone(), DeviceMatrix::F32(v));
+                    }
                 }
             }
         }
@@ -182,6 +224,44 @@ impl DeviceWeights {
         };
         Ok((dw, report))
     }
+}
+
+/// A table kept on the host: its parts left in their mappings where stored as bf16 or f32, else
+/// widened to f32 in host memory.
+fn host_table(
+    ckpt: &Checkpoint,
+    info: &crate::ir::WeightInfo,
+    parts: &[&str],
+) -> Result<HostTable, Error> {
+    let name = info.name.as_str();
+    let width = info.shape.get(1).copied().unwrap_or(1);
+    let dtypes: Vec<DType> = parts
+        .iter()
+        .map(|p| ckpt.info(p).map(|i| i.dtype))
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::Input(format!("weight `{name}`: a checkpoint tensor vanished")))?;
+    let element = match dtypes.first() {
+        Some(DType::BF16) if dtypes.iter().all(|d| *d == DType::BF16) => Some(TableElement::Bf16),
+        Some(DType::F32) if dtypes.iter().all(|d| *d == DType::F32) => Some(TableElement::F32),
+        _ => None,
+    };
+    let table = match element {
+        Some(element) => {
+            let pieces = parts
+                .iter()
+                .map(|p| ckpt.mapped(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            HostTable::mapped(name, width, element, pieces)
+        }
+        None => {
+            let mut values = Vec::new();
+            for p in parts {
+                values.extend(ckpt.to_f32(p)?);
+            }
+            Ok(HostTable::from_f32(name, width, TableElement::F32, &values))
+        }
+    };
+    table.map_err(Error::Input)
 }
 
 /// An element type the device keeps a stored tensor in.

@@ -17,15 +17,18 @@ use super::device::{Buf, Gpu, ReadyInputs};
 use super::error::CudaError;
 use super::launch::{self, moe_nvfp4::DeviceNvfp4, DeviceMatrix};
 
+mod host_steps;
 mod instrument;
 mod load;
+mod memory;
 mod nodes;
 mod record;
 mod single;
 mod weights;
 
 pub use instrument::{HostTimes, Instrumentation, TraceLog};
-pub use load::{peak_rss_bytes, planned_bytes, LoadReport};
+pub use load::{peak_rss_bytes, planned_bytes, planned_random_bytes, LoadReport};
+pub use memory::{session_bytes, step_bytes};
 use record::*;
 pub use single::run_node;
 pub use weights::DeviceWeights;
@@ -33,6 +36,9 @@ pub use weights::DeviceWeights;
 enum DevState {
     F32(CudaSlice<f32>),
     I64(CudaSlice<i64>),
+    /// A token history kept on the host, for a node whose step starts there
+    /// (`registry::cuda::runs_on_host`).
+    HostTokens(Vec<i64>),
 }
 
 /// Step shapes whose arenas and graphs a sequence keeps before it forgets its prefill shapes.
@@ -63,6 +69,9 @@ struct StepIo {
     /// The kernels' temporaries (one node's at a time), sized by the most any node asked for in
     /// the step's first run; until then temporaries are allocated on the stream.
     scratch: Option<CudaSlice<u8>>,
+    /// By node index, the buffer a node that starts on the host fills before the step and its
+    /// kernels copy from (`host_steps`).
+    host_rows: HashMap<usize, CudaSlice<f32>>,
 }
 
 impl StepIo {
@@ -115,7 +124,15 @@ impl StepIo {
                     .collect()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut host_rows = HashMap::new();
+        for (i, n) in program.nodes.iter().enumerate() {
+            if crate::registry::cuda::runs_on_host(&n.kernels) {
+                let out = info(&n.outputs[0])?;
+                host_rows.insert(i, gpu.zeros(out.rows * out.width, &n.name)?);
+            }
+        }
         Ok(StepIo {
+            host_rows,
             step: gpu.zeros(1, "the step position")?,
             tokens: gpu.zeros(rows_in, "the step's tokens")?,
             logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
@@ -142,6 +159,10 @@ struct DeviceState {
     graphs: HashMap<GraphKey, Vec<CudaGraph>>,
     /// How many steps ran as graph replays (for tests and reports).
     replays: usize,
+    /// Seconds the last step spent in host steps (`host_steps`).
+    host_step_s: f64,
+    /// The prefill shape used last.
+    last_prefill: Option<GraphKey>,
 }
 
 impl DeviceState {
@@ -153,16 +174,27 @@ impl DeviceState {
             io: HashMap::new(),
             graphs: HashMap::new(),
             replays: 0,
+            host_step_s: 0.0,
+            last_prefill: None,
         }
     }
 
     fn ensure(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
         let eos = program.consts.ple_eos.unwrap_or(0);
+        let on_host: std::collections::HashSet<&str> = program
+            .nodes
+            .iter()
+            .filter(|n| crate::registry::cuda::runs_on_host(&n.kernels))
+            .flat_map(|n| n.states.iter().map(String::as_str))
+            .collect();
         for s in &program.states {
             if self.bufs.contains_key(&s.name) {
                 continue;
             }
             let buf = match &s.kind {
+                StateKind::Tokens { len } if on_host.contains(s.name.as_str()) => {
+                    DevState::HostTokens(vec![eos; *len])
+                }
                 StateKind::Window { rows, width } => {
                     DevState::F32(gpu.zeros(rows * width, &s.name)?)
                 }
@@ -323,11 +355,16 @@ impl<'d> CudaExecutor<'d> {
         let key: GraphKey = (program.phase, program.tokens, program.logits);
         let first_use = !state.io.contains_key(&key);
         if first_use {
-            if state.io.len() >= MAX_STEP_SHAPES {
-                // Prompts of many lengths would each keep an arena and a graph: forget the
-                // prefill shapes (decode shapes are few and hot).
-                state.io.retain(|k, _| k.0 != Phase::Prefill);
-                state.graphs.retain(|k, _| k.0 != Phase::Prefill);
+            // Prompts of many lengths would each keep an arena and a graph: a new prefill shape
+            // keeps only the last one used beside it (a prompt's full chunks and its last one;
+            // the memory plan counts two), and too many shapes forget every prefill one.
+            let last = state.last_prefill;
+            let keep = |k: &GraphKey| {
+                k.0 != Phase::Prefill || (key.0 == Phase::Prefill && Some(*k) == last)
+            };
+            if key.0 == Phase::Prefill || state.io.len() >= MAX_STEP_SHAPES {
+                state.io.retain(|k, _| keep(k));
+                state.graphs.retain(|k, _| keep(k));
             }
             let io = StepIo::new(gpu, program, rows_in)?;
             state.io.insert(key, io);
@@ -340,6 +377,9 @@ impl<'d> CudaExecutor<'d> {
             gpu.stream
                 .memcpy_htod(tokens, &mut io.tokens)
                 .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
+            let started = std::time::Instant::now();
+            host_steps::run(gpu, program, weights, &mut state.bufs, io, tokens)?;
+            state.host_step_s = started.elapsed().as_secs_f64();
         }
         let graphs = self.graphs && !opts.eager_only();
         let mut replayed = false;
@@ -404,6 +444,9 @@ impl<'d> CudaExecutor<'d> {
             record(gpu, program, weights, state, opts, key, false)?;
         }
         state.position += rows_in;
+        if key.0 == Phase::Prefill {
+            state.last_prefill = Some(key);
+        }
         Ok((key, replayed))
     }
 }
@@ -428,7 +471,8 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         let (key, replayed) = self.launch_step(program, tokens)?;
         let io = &self.state.io[&key];
         let host_times = &mut self.instrumentation.host_times;
-        let data = read_out(gpu, host_times, replayed, entered, |gpu| {
+        let host_step_s = self.state.host_step_s;
+        let data = read_out(gpu, host_times, replayed, entered, host_step_s, |gpu| {
             gpu.download(&io.logits, "logits")
         })?;
         Ok((data, io.logits_rows))
@@ -457,7 +501,8 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         launch::sampling::argmax_row(&Launch::new(gpu), &mut io.greedy_key, &last)?;
         let io = &self.state.io[&key];
         let host_times = &mut self.instrumentation.host_times;
-        let key = read_out(gpu, host_times, replayed, entered, |gpu| {
+        let host_step_s = self.state.host_step_s;
+        let key = read_out(gpu, host_times, replayed, entered, host_step_s, |gpu| {
             gpu.download(&io.greedy_key, "the greedy step's key")
         })?;
         Ok(launch::sampling::argmax_of(key[0]))
@@ -469,12 +514,14 @@ impl crate::exec::Executor for CudaExecutor<'_> {
 }
 
 /// Waits for the step, then copies its result to the host with `download`; in replayed steps
-/// with host timing on, adds the host's times to `host_times`.
+/// with host timing on, adds the host's times to `host_times` (`host_step_s`: the step's host
+/// steps).
 fn read_out<T>(
     gpu: &Gpu,
     host_times: &mut Option<HostTimes>,
     replayed: bool,
     entered: std::time::Instant,
+    host_step_s: f64,
     download: impl FnOnce(&Gpu) -> Result<Vec<T>, CudaError>,
 ) -> Result<Vec<T>, CudaError> {
     let timing = replayed && host_times.is_some();
@@ -488,6 +535,7 @@ fn read_out<T>(
     if let (true, Some(t)) = (timing, host_times.as_mut()) {
         t.steps += 1;
         t.submit += launched;
+        t.host_steps += host_step_s;
         t.wait += waited - launched;
         t.download += entered.elapsed().as_secs_f64() - waited;
     }

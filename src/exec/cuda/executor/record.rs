@@ -179,6 +179,7 @@ pub(super) fn record_segment<'p>(
             shapes: &io.node_inputs[index],
             step: &io.step,
             cap: state.capacity,
+            host_rows: io.host_rows.get(&index),
         };
         let launch = |ready| {
             Launch::for_node(gpu, &node.name, &node.kernels)

@@ -41,11 +41,33 @@ pub fn run_node(
         .zip(&shapes)
         .map(|(v, s)| upload_value(gpu, v, s))
         .collect::<Result<Vec<_>, _>>()?;
+    let on_host = crate::registry::cuda::runs_on_host(&node.kernels);
     let mut bufs = states
         .iter()
-        .map(|s| upload_state(gpu, s, capacity))
+        .map(|s| match (on_host, s) {
+            (true, StateBuf::Tokens(v)) => Ok(DevState::HostTokens(v.clone())),
+            _ => upload_state(gpu, s, capacity),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let step = gpu.upload(&[start as i64], "the step position")?;
+    // A node that starts on the host: its host step, as a step runs it before its graphs.
+    let host_rows = match (on_host, inputs.first(), bufs.first_mut()) {
+        (true, Some(Val::I64 { data: tokens, .. }), Some(DevState::HostTokens(history))) => {
+            let table = weights.host_table(&node.weights[0])?;
+            let rows = host_steps::gather(program, node, table, tokens, history)?;
+            Some(gpu.upload(&rows, "the host step's rows")?)
+        }
+        (true, ..) => {
+            return Err(CudaError::Shape {
+                kernel: node.op.kind().into(),
+                msg: format!(
+                    "node `{}`: a host step needs tokens and a history",
+                    node.name
+                ),
+            })
+        }
+        _ => None,
+    };
     let args = nodes::NodeArgs {
         program,
         weights,
@@ -54,6 +76,7 @@ pub fn run_node(
         shapes: &shapes,
         step: &step,
         cap: capacity,
+        host_rows: host_rows.as_ref(),
     };
     let cx = Launch::for_node(gpu, &node.name, &node.kernels);
     let out = nodes::launch(&cx, &args, &mut bufs)?;
@@ -169,6 +192,7 @@ fn download_state(gpu: &Gpu, reference: &StateBuf, buf: &DevState) -> Result<Sta
             data: gpu.download(b, "a state")?,
         },
         (StateBuf::Tokens(_), DevState::I64(b)) => StateBuf::Tokens(gpu.download(b, "a state")?),
+        (StateBuf::Tokens(_), DevState::HostTokens(v)) => StateBuf::Tokens(v.clone()),
         _ => unreachable!("uploaded from the same kinds"),
     })
 }

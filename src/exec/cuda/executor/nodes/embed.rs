@@ -31,6 +31,21 @@ pub(super) fn launch(
             let ids = moe::ple_ngram_ids(cx, a.i64(0), i64_state(&mut states[0]), &hash)?;
             vec![DVal::I64(ids)]
         }
+        Op::PleEmbed { .. } if a.variant() == "host_gather" => {
+            // The ids and rows were made on the host before the step (`host_steps`).
+            let rows_in = a.host_rows.ok_or_else(|| CudaError::Shape {
+                kernel: "host_ple_embed_gather".into(),
+                msg: format!("node `{}`: its host step left no rows", a.node.name),
+            })?;
+            let mut y = cx.output::<f32>(rows_in.len(), "ple_embed")?;
+            cx.note_kernel("host_ple_embed_gather")?;
+            cx.note_kernel("cuMemcpyHtoD")?;
+            cx.note_kernel("cuMemcpyDtoD")?;
+            cx.stream
+                .memcpy_dtod(rows_in, &mut *y)
+                .map_err(|e| CudaError::driver("copying the gathered PLE rows", None, e))?;
+            vec![DVal::F32(y)]
+        }
         Op::PleEmbed { .. } => {
             let hash = ngram_hash(a)?;
             let (table, d) = (a.matrix(0)?, a.table_width(0));

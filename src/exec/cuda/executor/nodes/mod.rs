@@ -32,6 +32,8 @@ pub(super) struct NodeArgs<'a> {
     pub step: &'a CudaSlice<i64>,
     /// Rows each `Append` state holds.
     pub cap: usize,
+    /// What the node's host step left for it (nodes that start on the host).
+    pub host_rows: Option<&'a CudaSlice<f32>>,
 }
 
 impl<'a> NodeArgs<'a> {
@@ -238,14 +240,14 @@ fn releases_early(node: &Node) -> bool {
 fn f32_state(buf: &mut DevState) -> &mut CudaSlice<f32> {
     match buf {
         DevState::F32(b) => b,
-        DevState::I64(_) => unreachable!("state kinds follow the templates"),
+        _ => unreachable!("state kinds follow the templates"),
     }
 }
 
 fn i64_state(buf: &mut DevState) -> &mut CudaSlice<i64> {
     match buf {
         DevState::I64(b) => b,
-        DevState::F32(_) => unreachable!("state kinds follow the templates"),
+        _ => unreachable!("state kinds follow the templates"),
     }
 }
 

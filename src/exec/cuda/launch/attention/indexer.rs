@@ -26,7 +26,7 @@ const SCORE_BLOCKS: usize = 1024;
 
 /// u32 words of the indexer's work buffer for `rows` rows and `nb` pooled blocks (as `idx_work`
 /// in the kernel source): counters, order keys, candidates, two bitmaps.
-fn indexer_work_len(rows: usize, nb: usize) -> usize {
+pub(crate) fn indexer_work_len(rows: usize, nb: usize) -> usize {
     let keys = rows * nb;
     rows * IDX_ZSTRIDE + keys + keys % 2 + rows * IDX_LIST * 2 + 2 * rows * nb.div_ceil(32)
 }

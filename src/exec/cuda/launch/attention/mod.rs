@@ -15,6 +15,7 @@ use crate::exec::cuda::error::CudaError;
 
 mod indexer;
 
+pub(crate) use indexer::indexer_work_len;
 pub use indexer::{indexer_select, indexer_select_qk};
 
 const FILE: &str = "attention.cu";
