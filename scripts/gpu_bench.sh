@@ -8,8 +8,9 @@
 # (or results/ when OUT is unset); commit them as results/bench-default.{log,json} (the default
 # options), results/bench-trace.log (--trace) or results/bench-sweep-linear.log (--sweep-linear).
 # Default options: 8 layers (the bench's NVFP4 experts since 05b90c4; bf16 before, and with
-# --experts bf16), contexts 1k and 8k, prompts of 2k and 8k tokens (each in one step,
-# as `graphrun run` prefills; add --chunk 2048 for chunks of 2048).
+# --experts bf16), contexts 1k and 8k, prompts of 2k and 8k tokens (in steps of the chunk
+# graphs/steps.ron gives CUDA, as `graphrun run` prefills; --chunk N for steps of N tokens,
+# --chunk 0 for each prompt in one step).
 # Add --trace for the decode step's timeline inside the replayed graph at the largest context,
 # kernel by kernel (the kernels are then built to record it: time the headline figures without).
 # GRAPHRUN_BIN picks another binary (an experiment's, say gpu-bin/handoff/graphrun) and NAME the

@@ -570,6 +570,66 @@ fn context_bounds_a_cpu_session() {
     assert!(!ok && stderr.contains("exceeds --context 2"), "{stderr}");
 }
 
+/// `--prefill-chunk N` cuts the prompt into steps of N tokens on `run` and `logits` (the same
+/// tokens, the same logits); 0 is refused by name before the model loads.
+#[test]
+fn prefill_chunk_flag() {
+    let exp = common::expected(&common::repo().join("models/tiny-qwen4exp"));
+    let ids: Vec<String> = exp.prompt.iter().map(|t| t.to_string()).collect();
+    let ids = ids.join(",");
+    let run = |chunk: &str| {
+        graphrun(&[
+            "run",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            &ids,
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--prefill-chunk",
+            chunk,
+        ])
+    };
+    let (ok, stdout, stderr) = run("3");
+    assert!(ok, "{stderr}");
+    let want: Vec<String> = exp.greedy.iter().map(|t| t.to_string()).collect();
+    assert_eq!(stdout.lines().last().unwrap(), want.join(","));
+    let (ok, _, stderr) = run("0");
+    assert!(
+        !ok && stderr.starts_with("error: --prefill-chunk 0: ")
+            && stderr.contains("at least one token"),
+        "{stderr}"
+    );
+    let dir = common::temp_dir("logits-chunk");
+    let logits = |chunk: &str, name: &str| {
+        let out = dir.join(name);
+        let (ok, _, stderr) = graphrun(&[
+            "logits",
+            "--model",
+            "models/tiny-qwen4exp",
+            "--prompt-ids",
+            &ids,
+            "--prefill-chunk",
+            chunk,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        (ok, stderr, out)
+    };
+    let (ok, stderr, out) = logits("5", "chunked.safetensors");
+    assert!(ok, "{stderr}");
+    let (ok, stderr, whole) = logits("4096", "whole.safetensors");
+    assert!(ok, "{stderr}");
+    let read = |p: std::path::PathBuf| Checkpoint::open_files(&[p]).unwrap().to_f32("logits");
+    assert_eq!(read(out).unwrap(), read(whole).unwrap());
+    let (ok, stderr, _) = logits("0", "none.safetensors");
+    assert!(
+        !ok && stderr.starts_with("error: --prefill-chunk 0: "),
+        "{stderr}"
+    );
+}
+
 /// An empty prompt is an error naming the flag it came from.
 #[test]
 fn an_empty_prompt_names_its_flag() {

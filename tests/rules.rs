@@ -1,5 +1,5 @@
-//! Scheduling rules and graph files as data: overlap checks, overrides, editing a copy of
-//! `graphs/` to change what lowering does.
+//! Scheduling rules, step rules and graph files as data: overlap checks, overrides, editing a
+//! copy of `graphs/` to change what lowering does and how a prompt is cut into steps.
 
 mod common;
 
@@ -8,6 +8,7 @@ use graphrun::lower::{lower, GraphSet, LowerError, LowerOptions};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
 use graphrun::registry::{DeviceFacts, WeightFormat};
+use graphrun::runtime::{Model, ModelOptions};
 
 fn tiny_plan() -> ModelPlan {
     ModelPlan::from_file(&common::repo().join("models/tiny-qwen4exp/config.json")).unwrap()
@@ -39,6 +40,8 @@ fn the_files_on_disk_are_the_embedded_ones() {
     )
     .unwrap();
     assert_eq!(a.program, b.program);
+    let disk = GraphSet::load_dir(&common::repo().join("graphs")).unwrap();
+    assert_eq!(GraphSet::embedded().unwrap().steps, disk.steps);
 }
 
 #[test]
@@ -419,4 +422,93 @@ fn a_replacement_reading_a_pattern_node_is_refused() {
         err.to_string().contains("replacement uses `logit`"),
         "{err}"
     );
+}
+
+/// The tiny model's session under a `--graphs` copy whose steps.ron is `steps` (`None`: no
+/// steps.ron), with `--prefill-chunk` `chunk`: the chunk it prefills in.
+fn session_chunk(tag: &str, steps: Option<&str>, chunk: Option<usize>) -> Option<usize> {
+    let dir = graphs_copy(tag);
+    if let Some(text) = steps {
+        std::fs::write(dir.join("steps.ron"), text).unwrap();
+    }
+    let options = ModelOptions {
+        graphs_dir: Some(dir),
+        prefill_chunk: chunk,
+        ..Default::default()
+    };
+    let model = Model::load(&common::repo().join("models/tiny-qwen4exp"), options).unwrap();
+    let chunk = model.session().prefill_chunk();
+    chunk
+}
+
+/// steps.ron decides the chunk by device and capacity; `--prefill-chunk` replaces it; without
+/// the file (an older `--graphs` copy), a prompt is one step.
+#[test]
+fn step_rules_choose_the_prefill_chunk() {
+    let model = Model::load(
+        &common::repo().join("models/tiny-qwen4exp"),
+        ModelOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        model.session().prefill_chunk(),
+        Some(4096),
+        "the built-in CPU rule"
+    );
+    let edited = r#"[
+  (name: "cpu", when: (device: Cpu), max_rows: 5, priority: 1),
+  (name: "cpu.short", doc: "up to 512 tokens", when: (device: Cpu, capacity: (max: 512)), max_rows: 3, priority: 2),
+  (name: "cuda", when: (device: Cuda), max_rows: 2, priority: 1),
+]"#;
+    // The tiny model holds 512 positions.
+    assert_eq!(session_chunk("steps-edited", Some(edited), None), Some(3));
+    assert_eq!(
+        session_chunk("steps-override", Some(edited), Some(7)),
+        Some(7)
+    );
+    assert_eq!(session_chunk("steps-absent", None, None), None);
+}
+
+/// A bad step rule is refused when the graph files load, naming the file, the rule and the
+/// field (syntax errors: the line and column).
+#[test]
+fn bad_step_rules_name_file_rule_and_field() {
+    let cases = [
+        (
+            "zero",
+            r#"[(name: "cpu.none", when: (device: Cpu), max_rows: 0)]"#,
+            "steps.ron: step rule `cpu.none`: max_rows: 0 takes no token",
+        ),
+        (
+            "empty",
+            r#"[(name: "never", when: (capacity: (min: 9, max: 8)), max_rows: 4)]"#,
+            "steps.ron: step rule `never`: when.capacity: its min exceeds its max",
+        ),
+        (
+            "overlap",
+            r#"[(name: "all", max_rows: 4), (name: "cuda", when: (device: Cuda), max_rows: 2)]"#,
+            "steps.ron: step rule `all`: overlaps step rule `cuda` (same priority 0)",
+        ),
+        (
+            "twice",
+            r#"[(name: "a", when: (device: Cpu), max_rows: 4), (name: "a", when: (device: Cuda), max_rows: 2)]"#,
+            "steps.ron: step rule `a`: the name is used twice",
+        ),
+        (
+            "missing",
+            r#"[(name: "cpu", when: (device: Cpu))]"#,
+            "steps.ron:1:35: Unexpected missing field named `max_rows`",
+        ),
+        (
+            "unknown",
+            r#"[(name: "cpu", when: (device: Cpu, tokens: (max: 4)), max_rows: 4)]"#,
+            "steps.ron:1:36: Unexpected field named `tokens` in `StepWhen`",
+        ),
+    ];
+    for (tag, text, want) in cases {
+        let dir = graphs_copy(&format!("steps-{tag}"));
+        std::fs::write(dir.join("steps.ron"), text).unwrap();
+        let err = GraphSet::load_dir(&dir).unwrap_err().to_string();
+        assert!(err.contains(want), "{tag}: {err}");
+    }
 }

@@ -56,8 +56,9 @@ pub struct BenchOptions {
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
     pub decode_steps: usize,
-    /// Prefill tokens per step; 0: each prompt in one step (as `graphrun run` prefills).
-    pub chunk: usize,
+    /// Prefill tokens per step; 0: each prompt in one step; `None`: the step rule
+    /// (`graphs/steps.ron`) for CUDA at the bench's capacity, as `graphrun run` prefills.
+    pub chunk: Option<usize>,
     /// The PLE n-gram table's prime base (`None`: the config's, the real table's size).
     pub ple_vocab_base: Option<u64>,
     /// Where the n-gram table is kept (`None`: as the memory plan places it in a real load).
@@ -204,13 +205,23 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
     // Graph files, rules and fusions are checked before the device is opened: lowering the
     // step shapes the bench runs names a bad one without a GPU.
     let graphs = options.graph_set()?;
+    // The sessions' capacity (`Session::capacity`) and the chunk the step rules give it.
+    let facts = crate::rules::steps::StepFacts {
+        device: crate::ir::Device::Cuda,
+        capacity: options
+            .context_capacity
+            .unwrap_or(usize::MAX)
+            .min(plan.max_position_embeddings),
+    };
+    let chunk = opts.chunk.unwrap_or_else(|| {
+        crate::rules::steps::choose(&graphs.steps, &facts).map_or(0, |r| r.max_rows)
+    });
     // The prefill step sizes the bench runs: the chunk, or each prompt whole (chunk 0).
-    let step_len = |n: usize| {
-        if opts.chunk == 0 {
-            n
-        } else {
-            opts.chunk.min(n)
-        }
+    let step_len = |n: usize| if chunk == 0 { n } else { chunk.min(n) };
+    // The session takes each piece the bench gives it as one step.
+    let options = ModelOptions {
+        prefill_chunk: Some(step_len(max_ctx)),
+        ..options
     };
     let mut shapes = vec![(Phase::Decode, 1)];
     shapes.extend(
@@ -278,7 +289,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         for i in 0..3 {
             s.decode(token(i, vocab))?;
         }
-        if opts.chunk == 0 {
+        if chunk == 0 {
             for &n in &opts.prefills {
                 chunk_prefill(&mut session(), n, 0)?;
             }

@@ -67,9 +67,6 @@ struct BenchArgs {
     prefills: Vec<usize>,
     #[arg(long, default_value_t = 32)]
     decode_steps: usize,
-    /// Prefill chunk (tokens per step); 0: each prompt in one step, as `graphrun run` prefills.
-    #[arg(long, default_value_t = 0)]
-    chunk: usize,
     /// Prime base of the PLE n-gram table (default: the config's; the real 20000000 makes a
     /// 102 GB table, kept on the host as a real load keeps it; a token reads 16 rows whatever
     /// the table's size).
@@ -78,6 +75,10 @@ struct BenchArgs {
     /// Where the n-gram table is kept: device or host (default: as the memory plan places it).
     #[arg(long, value_name = "WHERE")]
     ple_table: Option<graphrun::registry::Placement>,
+    /// Prefill chunk (tokens per step); 0: each prompt in one step. Default: the step rule of
+    /// graphs/steps.ron for CUDA, as `graphrun run` prefills.
+    #[arg(long)]
+    chunk: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write the report as JSON.
@@ -139,6 +140,10 @@ struct Placement {
     /// max_position_embeddings on the CPU, min(max_position_embeddings, 8192) on a GPU.
     #[arg(long, value_name = "TOKENS")]
     context: Option<usize>,
+    /// Most prompt tokens one prefill step takes (a longer prompt runs as consecutive steps).
+    /// Default: the step rule of graphs/steps.ron for the device (4096 rows).
+    #[arg(long, value_name = "TOKENS")]
+    prefill_chunk: Option<usize>,
     /// On the GPU, launch every step's kernels eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
@@ -302,12 +307,18 @@ fn load_model(
     schedule: &Schedule,
     placement: &Placement,
 ) -> Result<Model, Error> {
+    if placement.prefill_chunk == Some(0) {
+        return Err(Error::Input(
+            "--prefill-chunk 0: a prefill step takes at least one token".into(),
+        ));
+    }
     let options = ModelOptions {
         graphs_dir: graphs.clone(),
         overrides: schedule.overrides()?,
         fusions: schedule.fusions(),
         device: placement.device,
         context_capacity: placement.context,
+        prefill_chunk: placement.prefill_chunk,
         no_cuda_graphs: placement.no_graphs,
         cuda_sync_each_node: placement.sync_each_node,
         cuda_launch_twice: Vec::new(),

@@ -1,4 +1,5 @@
-//! Loads the graph files: block templates, the model composition, fusions and rules.
+//! Loads the graph files: block templates, the model composition, fusions, rules and step
+//! rules.
 //!
 //! The files in the repository's `graphs/` are embedded at build time, so the binary works from
 //! anywhere; `GraphSet::load_dir` reads an edited copy instead (`--graphs DIR`), which is how a
@@ -11,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::LowerError;
 use super::template::{Block, Fusion, Grouping, ModelDecl, Rule};
+use crate::rules::steps::{self, StepRule};
 
 /// Every graph file, as loaded and checked.
 #[derive(Debug, Clone)]
@@ -21,6 +23,9 @@ pub struct GraphSet {
     /// Horizontal fusions (`groups.ron`; optional in a `--graphs` directory).
     pub groups: Vec<Grouping>,
     pub rules: Vec<Rule>,
+    /// How many tokens a prefill step takes (`steps.ron`; optional in a `--graphs` directory:
+    /// without it, every prefill is one step).
+    pub steps: Vec<StepRule>,
 }
 
 const MODEL_DIR: &str = "qwen4exp";
@@ -39,7 +44,7 @@ impl GraphSet {
     }
 
     /// Reads `dir/qwen4exp/*.ron`, `dir/fusions.ron`, `dir/rules.ron` and, when present,
-    /// `dir/groups.ron`.
+    /// `dir/groups.ron` and `dir/steps.ron`.
     pub fn load_dir(dir: &Path) -> Result<GraphSet, LowerError> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).map_err(|e| LowerError::Io {
@@ -65,9 +70,11 @@ impl GraphSet {
             let p = dir.join(name);
             files.push((p.display().to_string(), read(&p)?));
         }
-        let groups = dir.join("groups.ron");
-        if groups.exists() {
-            files.push((groups.display().to_string(), read(&groups)?));
+        for name in ["groups.ron", "steps.ron"] {
+            let p = dir.join(name);
+            if p.exists() {
+                files.push((p.display().to_string(), read(&p)?));
+            }
         }
         Self::from_files(&files)
     }
@@ -79,6 +86,7 @@ impl GraphSet {
         let mut fusions = None;
         let mut groups = None;
         let mut rules = None;
+        let mut step_rules = None;
         for (path, text) in files {
             let stem = Path::new(path)
                 .file_stem()
@@ -96,6 +104,11 @@ impl GraphSet {
                 (false, "fusions") => fusions = Some(parse::<Vec<Fusion>>(path, text)?),
                 (false, "rules") => rules = Some(parse::<Vec<Rule>>(path, text)?),
                 (false, "groups") => groups = Some(parse::<Vec<Grouping>>(path, text)?),
+                (false, "steps") => {
+                    let parsed = parse::<Vec<StepRule>>(path, text)?;
+                    steps::check(&parsed).map_err(|msg| LowerError::graph(path, msg))?;
+                    step_rules = Some(parsed);
+                }
                 _ => {}
             }
         }
@@ -106,6 +119,7 @@ impl GraphSet {
             fusions: fusions.unwrap_or_default(),
             groups: groups.unwrap_or_default(),
             rules: rules.unwrap_or_default(),
+            steps: step_rules.unwrap_or_default(),
         };
         set.check_references()?;
         Ok(set)

@@ -9,7 +9,10 @@
 //! kernel's, such as registers a row or shared memory); any other rule whose variant does not
 //! accept a node it matches is a lowering error naming the node and the rule. No matching rule:
 //! the op's default variant (the first in `registry`). `--rule NAME=VARIANT` replaces a rule's
-//! variant, `--rule NAME=off` removes the rule.
+//! variant, `--rule NAME=off` removes the rule. How many tokens a prefill step takes is chosen
+//! the same way, by the step rules of `graphs/steps.ron` ([`steps`]).
+
+pub mod steps;
 
 use std::collections::BTreeMap;
 

@@ -44,6 +44,10 @@ pub struct ModelOptions {
     /// Where a CUDA model keeps the PLE n-gram table (`--ple-table`); `None`: on the device
     /// when the memory plan fits it there, else on the host (`runtime::memory`).
     pub ple_table: Option<Placement>,
+    /// Most tokens one prefill step takes (`--prefill-chunk`; at least 1): a longer prompt runs
+    /// as consecutive steps (`Session::prefill_chunk`). Unset: the step rule of
+    /// `graphs/steps.ron` that holds for the session.
+    pub prefill_chunk: Option<usize>,
 }
 
 impl ModelOptions {
@@ -304,7 +308,17 @@ impl Model {
             lower::lower(&self.plan, &self.graphs, &opts).map(|l| l.program)
         };
         let decode = lowered(Phase::Decode, 1)?;
-        let chunk = PLANNED_PREFILL_ROWS.min(capacity);
+        // The prefill step a session of this capacity takes (`Session::prefill_chunk`).
+        let facts = crate::rules::steps::StepFacts {
+            device: crate::ir::Device::Cuda,
+            capacity,
+        };
+        let chunk = self
+            .options
+            .prefill_chunk
+            .or_else(|| crate::rules::steps::choose(&self.graphs.steps, &facts).map(|r| r.max_rows))
+            .unwrap_or(capacity)
+            .min(capacity);
         let workspace = step_bytes(&decode, capacity)
             + match chunk {
                 0 | 1 => 0,
@@ -378,9 +392,6 @@ fn cuda_capacity(plan: &ModelPlan, options: &ModelOptions) -> usize {
         .unwrap_or(plan.max_position_embeddings.min(8192))
         .next_multiple_of(block)
 }
-
-/// The prefill chunk the memory plan counts workspace for.
-const PLANNED_PREFILL_ROWS: usize = 4096;
 
 /// Refuses a CPU load whose f32 widening cannot fit the host's available memory (`available`,
 /// where known), naming the figures, before anything is widened.

@@ -1,12 +1,15 @@
 //! A session: one sequence of a model, the generation logic over an executor ([`Executor`]) that
 //! keeps the sequence's state (KV caches, indexer keys, GDN conv and recurrent states, PLE conv
 //! window and token history). Prefilling in chunks and then decoding gives the same logits as one
-//! prefill of everything: every step reads and writes only this state. A refused call (bad token,
-//! over-long context) is refused here, before the executor runs, and leaves it untouched.
+//! prefill of everything: every step reads and writes only this state. So a prompt longer than
+//! [`Session::prefill_chunk`] runs as consecutive steps of that many tokens (the step rules of
+//! `graphs/steps.ron`), which bounds what one step holds. A refused call (bad token, over-long
+//! context) is refused here, before the executor runs, and leaves it untouched.
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::ir::{LogitsMode, Phase, Program};
+use crate::rules::steps::{self, StepFacts};
 
 use super::model::Model;
 use super::sampling::{BadLogit, Sampler, Sampling};
@@ -165,11 +168,31 @@ impl<'m, E: Executor> Session<'m, E> {
         Ok(())
     }
 
-    /// Appends `ids` and returns their logits (all rows, or only the last).
+    /// The most tokens one step of [`Self::prefill`] takes: `ModelOptions::prefill_chunk`, else
+    /// the step rule of `graphs/steps.ron` that holds for this session; `None`: every prompt is
+    /// one step.
+    pub fn prefill_chunk(&self) -> Option<usize> {
+        self.model.options().prefill_chunk.or_else(|| {
+            let facts = StepFacts {
+                device: self.model.backend.device(),
+                capacity: self.capacity(),
+            };
+            steps::choose(&self.model.graphs.steps, &facts).map(|r| r.max_rows)
+        })
+    }
+
+    /// Appends `ids` and returns their logits (all rows, or only the last), in steps of at most
+    /// [`Self::prefill_chunk`] tokens.
     pub fn prefill(&mut self, ids: &[u32], logits: LogitsMode) -> Result<Logits> {
         let vocab = self.model.plan.vocab_size;
-        let (data, rows) = self.step(ids, logits, |e, program, tokens| e.step(program, tokens))?;
-        Ok(Logits { rows, vocab, data })
+        let (mut data, rows, (last, last_rows)) =
+            self.steps(ids, logits, |e, program, tokens| e.step(program, tokens))?;
+        data.extend(last);
+        Ok(Logits {
+            rows: rows + last_rows,
+            vocab,
+            data,
+        })
     }
 
     /// Appends `ids` and returns the greedy choice of the next token: the first index of the
@@ -181,7 +204,7 @@ impl<'m, E: Executor> Session<'m, E> {
 
     /// [`Self::greedy`], a NaN logit's error naming `step` of a generation.
     fn greedy_step(&mut self, ids: &[u32], step: Option<usize>) -> Result<u32> {
-        let chosen = self.step(ids, LogitsMode::Last, |e, program, tokens| {
+        let (_, _, chosen) = self.steps(ids, LogitsMode::Last, |e, program, tokens| {
             e.step_greedy(program, tokens)
         })?;
         chosen.map_err(|bad| self.logits_error(bad, step))
@@ -198,24 +221,50 @@ impl<'m, E: Executor> Session<'m, E> {
         .into()
     }
 
-    /// One step over `ids`, the program lowered for `logits`: `run`'s result (an executor entry
-    /// point: the logits, or the greedy id).
-    fn step<T>(
+    /// `ids` as consecutive steps of at most [`Self::prefill_chunk`] tokens, each program
+    /// lowered for `logits` (`Last` is the cheapest the IR offers). `last` runs the last step (an
+    /// executor entry point: the logits, or the greedy id); returns the earlier steps' logits
+    /// (with `All`; none with `Last`), their rows, and `last`'s result.
+    fn steps<T>(
         &mut self,
         ids: &[u32],
         logits: LogitsMode,
-        run: impl FnOnce(&mut E, &Program, &[i64]) -> Result<T>,
-    ) -> Result<T> {
+        last: impl FnOnce(&mut E, &Program, &[i64]) -> Result<T>,
+    ) -> Result<(Vec<f32>, usize, T)> {
         self.check_tokens(ids)?;
-        let phase = if ids.len() == 1 {
-            Phase::Decode
-        } else {
-            Phase::Prefill
+        let chunk = self.prefill_chunk().unwrap_or(ids.len());
+        if chunk == 0 {
+            return Err(Error::Input(
+                "ModelOptions::prefill_chunk is 0: a prefill step takes at least one token".into(),
+            ));
+        }
+        let chunk = chunk.min(ids.len());
+        let parts: Vec<&[u32]> = ids.chunks(chunk).collect();
+        let (tail, early) = parts.split_last().expect("check_tokens refuses no tokens");
+        // Both step lengths are lowered before any step runs, so a lowering error changes nothing.
+        let program = |len: usize| {
+            let phase = if len == 1 {
+                Phase::Decode
+            } else {
+                Phase::Prefill
+            };
+            self.model.program(phase, len, logits)
         };
-        let program = self.model.program(phase, ids.len(), logits)?;
-        let tokens: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        let full = program(chunk)?;
+        let tail_program = program(tail.len())?;
+        let tokens = |part: &[u32]| part.iter().map(|&t| t as i64).collect::<Vec<_>>();
         // Everything a caller can get wrong was checked above; the state changes only from here.
-        run(&mut self.exec, &program, &tokens)
+        let mut data = Vec::new();
+        let mut rows = 0;
+        for part in early {
+            let (d, r) = self.exec.step(&full, &tokens(part))?;
+            if logits == LogitsMode::All {
+                data.extend(d);
+                rows += r;
+            }
+        }
+        let result = last(&mut self.exec, &tail_program, &tokens(tail))?;
+        Ok((data, rows, result))
     }
 
     /// One token; its logits.
