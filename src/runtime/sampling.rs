@@ -125,29 +125,59 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// The candidate tokens with their probabilities (summing to 1), largest first.
+/// The first `k` token ids in the order of their logits, largest first, the lower id first on
+/// ties: the full order's first `k`, found by selection (a chat's vocabulary is 150k tokens,
+/// whose full sort costs the host milliseconds a token).
+fn ranked(logits: &[f32], k: usize) -> Vec<usize> {
+    let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    let k = k.min(order.len());
+    if k > 0 && k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_logit);
+        order.truncate(k);
+    }
+    order.sort_by(by_logit);
+    order
+}
+
+/// The candidate tokens with their probabilities (summing to 1), largest first: the `top_k`
+/// most likely, then the smallest prefix whose probability reaches `top_p`.
 fn filter(
     logits: &[f32],
     temperature: f32,
     top_k: Option<usize>,
     top_p: Option<f32>,
 ) -> Vec<(u32, f64)> {
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    if let Some(k) = top_k {
-        order.truncate(k.min(order.len()));
-    }
-    let max = logits[order[0]] as f64 / temperature as f64;
-    let exps: Vec<f64> = order
-        .iter()
-        .map(|&i| (logits[i] as f64 / temperature as f64 - max).exp())
-        .collect();
-    let sum: f64 = exps.iter().sum();
-    let mut probs: Vec<(u32, f64)> = order
-        .iter()
-        .zip(&exps)
-        .map(|(&i, e)| (i as u32, e / sum))
-        .collect();
+    let t = temperature as f64;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64 / t;
+    let weight = |i: usize| (logits[i] as f64 / t - max).exp();
+    let (order, sum) = match top_k {
+        Some(k) => {
+            let order = ranked(logits, k);
+            let sum = order.iter().map(|&i| weight(i)).sum::<f64>();
+            (order, sum)
+        }
+        None => {
+            let sum = (0..logits.len()).map(weight).sum::<f64>();
+            let order = match top_p {
+                // The most likely first, more of them until their mass reaches `top_p`.
+                Some(p) => {
+                    let mut take = 256;
+                    loop {
+                        let order = ranked(logits, take);
+                        let mass = order.iter().map(|&i| weight(i)).sum::<f64>() / sum;
+                        if mass >= p as f64 || order.len() == logits.len() {
+                            break order;
+                        }
+                        take *= 8;
+                    }
+                }
+                None => ranked(logits, logits.len()),
+            };
+            (order, sum)
+        }
+    };
+    let mut probs: Vec<(u32, f64)> = order.iter().map(|&i| (i as u32, weight(i) / sum)).collect();
     if let Some(p) = top_p {
         let mut acc = 0.0;
         let mut keep = probs.len();
@@ -170,6 +200,37 @@ fn filter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Selection gives the full sort's first k, ties by id, and the filtered candidates are
+    /// those of the full order (a vocabulary of 150k with ties and -inf among its logits).
+    #[test]
+    fn ranking_by_selection_is_the_full_orders_prefix() {
+        let logits: Vec<f32> = (0..150_000)
+            .map(|i| match i % 997 {
+                0 => f32::NEG_INFINITY,
+                _ => ((i * 7919 % 1000) as f32 * 0.01).sin() * 8.0,
+            })
+            .collect();
+        let mut full: Vec<usize> = (0..logits.len()).collect();
+        full.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        for k in [1, 2, 50, 256, 3000, 150_000, 200_000] {
+            assert_eq!(ranked(&logits, k), full[..k.min(full.len())], "k {k}");
+        }
+        for (top_k, top_p) in [
+            (Some(50), Some(0.9)),
+            (None, Some(0.9)),
+            (None, Some(0.999)),
+        ] {
+            let got = filter(&logits, 0.7, top_k, top_p);
+            let ids: Vec<usize> = got.iter().map(|c| c.0 as usize).collect();
+            assert_eq!(ids, full[..ids.len()], "{top_k:?} {top_p:?}");
+            let sum: f64 = got.iter().map(|c| c.1).sum();
+            assert!((sum - 1.0).abs() < 1e-12, "{sum}");
+            if let Some(k) = top_k {
+                assert!(ids.len() <= k);
+            }
+        }
+    }
 
     #[test]
     fn greedy_takes_lowest_id_on_ties() {
