@@ -7,10 +7,10 @@
 # Writes $OUT/bench.log (a header with the command and date, then the table) and $OUT/bench.json
 # (or results/ when OUT is unset); commit them as results/bench-default.{log,json} (the default
 # options), results/bench-trace.log (--trace) or results/bench-sweep-linear.log (--sweep-linear).
-# Default options: 8 layers (the bench's NVFP4 experts since 05b90c4; bf16 before, and with
-# --experts bf16), contexts 1k and 8k, prompts of 2k and 8k tokens (in steps of the chunk
-# graphs/steps.ron gives CUDA, as `graphrun run` prefills; --chunk N for steps of N tokens,
-# --chunk 0 for each prompt in one step).
+# Default options: the whole model (48 layers, NVFP4 experts, the release's n-gram table where
+# the memory plan puts it: the host), decode at 1k, 8k and 32k, prompts of 2k to 262k tokens (in
+# steps of the chunk graphs/steps.ron gives CUDA, as `graphrun run` prefills; --chunk N for
+# steps of N tokens, --chunk 0 for each prompt in one step).
 # Add --trace for the decode step's timeline inside the replayed graph at the largest context,
 # kernel by kernel (the kernels are then built to record it: time the headline figures without).
 # GRAPHRUN_BIN picks another binary (an experiment's, say gpu-bin/handoff/graphrun) and NAME the
@@ -21,13 +21,13 @@ bin="${GRAPHRUN_BIN:-./gpu-bin/graphrun}"
 name="${NAME:-bench}"
 args=("$@")
 if [ ${#args[@]} -eq 0 ]; then
-    args=(--layers 8 --contexts 1024,8192 --prefills 2048,8192)
+    args=(--contexts 1024,8192,32768 --prefills 2048,8192,32768,131072,262000 --decode-steps 16)
 fi
 {
     echo "# graphrun bench"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "# command: $bin bench ${args[*]} --json $name.json"
-    echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (plus uncommitted changes, if any)"
+    echo "# commit: ${TREE:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (plus uncommitted changes, if any)}"
     env | grep '^GRAPHRUN_' | sort | sed 's/^/# env: /' || true
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$bin" bench "${args[@]}" --json "$out/$name.json"

@@ -182,12 +182,15 @@ impl DeviceWeights {
         let mut dw = DeviceWeights::empty();
         let used: std::collections::HashSet<&str> =
             program.weights.iter().map(|w| w.name.as_str()).collect();
+        // Drawn on a terminal only (`crate::progress`): the bytes placed of those planned.
+        let progress = crate::progress::Progress::bytes(need as u64, "loading onto the device");
         for (info, source) in &resolved.weights {
             if info.class != WeightClass::Float || !used.contains(info.name.as_str()) {
                 continue;
             }
             let parts = source.tensors();
             let name = info.name.as_str();
+            let before = dw.bytes;
             match keeping.of(name, is_nvfp4(resolved, &parts)) {
                 Keep::HostTable { .. } => {
                     let table = host_table(ckpt, info, &parts)?;
@@ -213,7 +216,9 @@ impl DeviceWeights {
                     }
                 }
             }
+            progress.inc((dw.bytes - before) as u64);
         }
+        progress.finish();
         dw.upload_ple_tables(gpu, program)?;
         gpu.sync("loading the weights")?;
         let report = LoadReport {
