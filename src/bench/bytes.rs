@@ -18,6 +18,14 @@ pub struct ByteCount {
 /// device width, experts only the chosen k of E, embeddings only the gathered rows), recurrent
 /// and conv state (read and written), KV and indexer keys actually visited.
 pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
+    step_bytes(program, context, 1)
+}
+
+/// Bytes a step of `rows` tokens must read at `context` when it reads each weight once: the
+/// dense weights once, the union of the rows' experts (its expected size under uniform routing,
+/// E·(1 - (1 - k/E)^rows), of E experts and k a row), each row's gathered embedding rows, the
+/// state and the K/V visited as at one row.
+pub fn step_bytes(program: &Program, context: usize, rows: usize) -> ByteCount {
     let mut c = ByteCount {
         dense_weights: 0,
         expert_weights: 0,
@@ -26,7 +34,7 @@ pub fn decode_bytes(program: &Program, context: usize) -> ByteCount {
         kv_and_indexer: 0,
     };
     for node in &program.nodes {
-        let n = node_bytes(program, node, context);
+        let n = node_bytes_rows(program, node, context, rows);
         c.dense_weights += n.dense_weights;
         c.expert_weights += n.expert_weights;
         c.embedding_rows += n.embedding_rows;
@@ -57,6 +65,11 @@ fn attended_positions(program: &Program, node: &Node, context: usize) -> usize {
 
 /// The bytes one node of a decode step reads (see [`decode_bytes`]).
 pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
+    node_bytes_rows(program, node, context, 1)
+}
+
+/// The bytes one node of a step of `rows` tokens must read (see [`step_bytes`]).
+fn node_bytes_rows(program: &Program, node: &Node, context: usize, rows: usize) -> ByteCount {
     let mut c = ByteCount {
         dense_weights: 0,
         expert_weights: 0,
@@ -82,8 +95,11 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
             } else {
                 32
             };
+            let e = *experts as f64;
+            let chosen = e * (1.0 - (1.0 - k as f64 / e).powi(rows as i32));
             for w in &node.weights {
-                c.expert_weights += size(w) * sixteenths * k / 16 / *experts as u64;
+                let per_expert = size(w) * sixteenths / 16 / *experts as u64;
+                c.expert_weights += (per_expert as f64 * chosen).round() as u64;
             }
         }
         // The gathered rows, not the table (a copy per stream is written, not read).
@@ -102,7 +118,7 @@ pub fn node_bytes(program: &Program, node: &Node, context: usize) -> ByteCount {
                 .find(|w| w.name == node.weights[0])
                 .map(|w| w.shape[1])
                 .unwrap_or(0) as u64;
-            c.embedding_rows += ids * d * 2;
+            c.embedding_rows += ids * d * 2 * rows as u64;
         }
         // Matrices, read at their device width (bf16), as the executor stores them.
         op if (0..node.weights.len()).any(|i| op.weight_is_matrix(i)) => {

@@ -56,6 +56,9 @@ pub struct BenchOptions {
     pub contexts: Vec<usize>,
     pub prefills: Vec<usize>,
     pub decode_steps: usize,
+    /// Step sizes (tokens a step) to time at a 1k context, as MTP's verify and batched decode
+    /// run them; empty: none.
+    pub step_rows: Vec<usize>,
     /// Prefill tokens per step; 0: each prompt in one step; `None`: the step rule
     /// (`graphs/steps.ron`) for CUDA at the bench's capacity, as `graphrun run` prefills.
     pub chunk: Option<usize>,
@@ -70,6 +73,8 @@ pub struct BenchOptions {
 /// hundred launches each fit.
 const TRACE_CAPACITY: usize = 1 << 16;
 const TRACED_STEPS: usize = 32;
+/// The context the T-row steps are timed at.
+const ROWS_CONTEXT: usize = 1024;
 
 /// The real config cut to its first `layers` layers (all: `None`), with a smaller PLE table.
 pub fn bench_plan(
@@ -190,11 +195,23 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         .copied()
         .max()
         .unwrap_or(1024);
+    // A T-row pass: the 1k context, then 3 + decode_steps steps of T rows.
+    let rows_need = opts
+        .step_rows
+        .iter()
+        .map(|t| ROWS_CONTEXT + t * (opts.decode_steps.max(1) + 3))
+        .max()
+        .unwrap_or(0);
+    if opts.step_rows.contains(&0) {
+        return Err(Error::Input(
+            "--step-rows: a step takes at least one token".into(),
+        ));
+    }
     let options = ModelOptions {
         // Each context runs six timed passes of `decode_steps` tokens (graphs without and with
         // overlap, greedy, sampled, host times, eager), five of them after 3 warm-up tokens, up
         // to 16 segment-timed, 4 profiled and 32 traced tokens: within 7 * decode_steps + 96.
-        context_capacity: Some(max_ctx + opts.decode_steps * 7 + 96),
+        context_capacity: Some(max_ctx.max(rows_need) + opts.decode_steps * 7 + 96),
         graphs_dir: opts.graphs_dir.clone(),
         overrides: opts.overrides.clone(),
         fusions: opts.fusions.clone(),
@@ -453,6 +470,36 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             fraction_of_copy_bandwidth: bytes as f64 / (ms_graphs / 1e3) / (bandwidth * 1e9),
         });
     }
+    // Steps of T rows at a 1k context, replayed, beside the bytes each must read.
+    let mut rows_steps = Vec::new();
+    for &t in &opts.step_rows {
+        let mut s = session();
+        chunk_prefill(&mut s, ROWS_CONTEXT, 13)?;
+        s.executor_mut().graphs = true;
+        let ids = |i: usize| -> Vec<u32> { (0..t).map(|j| token(i * t + j + 90, vocab)).collect() };
+        for i in 0..3 {
+            s.prefill(&ids(i), LogitsMode::Last)?;
+        }
+        let steps = opts.decode_steps.max(1);
+        let started = Instant::now();
+        for i in 0..steps {
+            s.prefill(&ids(i + 3), LogitsMode::Last)?;
+        }
+        let ms = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        let phase = if t == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        };
+        let program = model.program(phase, t, LogitsMode::Last)?;
+        let bytes = total(&bytes::step_bytes(&program, ROWS_CONTEXT, t));
+        rows_steps.push(report::RowsRow {
+            rows: t,
+            ms_per_step: ms,
+            mb_to_read: bytes as f64 / 1e6,
+            ms_at_copy_rate: copy_ms(bytes, bandwidth),
+        });
+    }
     let segments_ms: f64 = decode
         .iter()
         .max_by_key(|r| r.context)
@@ -481,6 +528,7 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
         layer_kinds,
         weight_bytes_on_device: weight_bytes,
         memory_plan,
+        rows_steps,
         copy_bandwidth_gb_s: bandwidth,
         segments_per_decode_step: decode_program.segments.len(),
         decode,

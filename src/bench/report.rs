@@ -41,6 +41,17 @@ pub struct HostRow {
     pub outside: f64,
 }
 
+/// A step of `rows` tokens at a 1k context (MTP's verify, batched decode), replayed.
+#[derive(Debug, Serialize)]
+pub struct RowsRow {
+    pub rows: usize,
+    pub ms_per_step: f64,
+    /// What the step must read when it reads each weight once (`bench::step_bytes`).
+    pub mb_to_read: f64,
+    /// Those bytes at the measured copy rate.
+    pub ms_at_copy_rate: f64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct PrefillRow {
     pub prompt: usize,
@@ -64,6 +75,8 @@ pub struct BenchReport {
     pub weight_bytes_on_device: usize,
     /// The memory plan (`runtime::memory`): where the n-gram table went, what each part takes.
     pub memory_plan: String,
+    /// Steps of T rows at a 1k context (`--step-rows`).
+    pub rows_steps: Vec<RowsRow>,
     pub copy_bandwidth_gb_s: f64,
     /// Segments of the decode program (`passes::segment`: runs of nodes with no host work
     /// between them, one CUDA graph each).
@@ -265,6 +278,35 @@ impl std::fmt::Display for BenchReport {
                     r.arrived_ns,
                     r.released_ns,
                     r.sm
+                )?;
+            }
+        }
+        if !self.rows_steps.is_empty() {
+            let one = self
+                .rows_steps
+                .iter()
+                .find(|r| r.rows == 1)
+                .map(|r| r.ms_per_step);
+            writeln!(
+                f,
+                "steps of T rows at a 1k context (replayed; bytes: each weight once, the rows' experts' expected union):"
+            )?;
+            writeln!(
+                f,
+                "  {:>4} {:>10} {:>12} {:>14} {:>16} {:>10}",
+                "T", "ms/step", "ms/row", "MB to read", "ms at copy rate", "vs T=1"
+            )?;
+            for r in &self.rows_steps {
+                let ratio = one.map_or(String::from("-"), |o| format!("{:.2}", r.ms_per_step / o));
+                writeln!(
+                    f,
+                    "  {:>4} {:>10.3} {:>12.3} {:>14.1} {:>16.3} {:>10}",
+                    r.rows,
+                    r.ms_per_step,
+                    r.ms_per_step / r.rows as f64,
+                    r.mb_to_read,
+                    r.ms_at_copy_rate,
+                    ratio
                 )?;
             }
         }

@@ -67,6 +67,10 @@ struct BenchArgs {
     prefills: Vec<usize>,
     #[arg(long, default_value_t = 32)]
     decode_steps: usize,
+    /// Step sizes to time at a 1k context (steps of T tokens: MTP's verify, batched decode),
+    /// beside the bytes each must read; `--step-rows` with no value for none.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,2,4,6,8,16,32,64")]
+    step_rows: Vec<usize>,
     /// Prime base of the PLE n-gram table (default: the config's; the real 20000000 makes a
     /// 102 GB table, kept on the host as a real load keeps it; a token reads 16 rows whatever
     /// the table's size).
@@ -581,6 +585,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 contexts: a.contexts.clone(),
                 prefills: a.prefills.clone(),
                 decode_steps: a.decode_steps.max(1),
+                step_rows: a.step_rows.clone(),
                 chunk: a.chunk,
                 ple_vocab_base: a.ple_vocab_base,
                 ple_table: a.ple_table,
