@@ -30,11 +30,17 @@ pub fn cuda_or_skip() -> bool {
 /// itself: the harness captures `println!` and `eprintln!` and drops a passing test's output,
 /// so CI would never see them. The harness names each test's thread after the test.
 pub fn say_skipped(why: &str) {
+    say_skipped_for(
+        why,
+        "GPU tests run on the GPU machine: scripts/gpu_tests.sh, logs in results/",
+    );
+}
+
+/// [`say_skipped`] with `how`, where the test does run, in place of the GPU tests' note.
+pub fn say_skipped_for(why: &str, how: &str) {
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("a GPU test");
-    let line = format!(
-        "SKIPPED {test}: {why}; GPU tests run on the GPU machine: scripts/gpu_tests.sh, logs in results/\n"
-    );
+    let line = format!("SKIPPED {test}: {why}; {how}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
