@@ -6,7 +6,7 @@
 #   here:            cargo build --release && cp target/release/graphrun gpu-bin/
 #   on the device:   bash scripts/gpu_ple_placement.sh     # through the `device` tool, carry: ["gpu-bin"]
 #
-# Writes $OUT/bench-ple-placement.log (or results/).
+# Writes $OUT/bench-compare.log (or results/): commit it as results/bench-compare.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GRAPHRUN_KERNEL_CACHE=/tmp/graphrun-kernels NCCL_NVLS_ENABLE=0
@@ -22,4 +22,4 @@ bench=(./gpu-bin/graphrun bench --layers 48 --contexts 1024,8192,32768 --prefill
         "${bench[@]}" --ple-table "$p" 2>&1 |
             grep -E "memory plan|^ +[0-9]+ +[0-9.]+ |greedy|host per|tokens in"
     done
-} >"$out/bench-ple-placement.log" 2>&1
+} >"$out/bench-compare.log" 2>&1

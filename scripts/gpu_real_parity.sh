@@ -12,7 +12,8 @@
 # steps already done, so a run cut short by a time limit goes on. `test` runs the four tests
 # (FILTER: one of bf16_on_cuda, bf16_on_the_cpu, nvfp4_on_cuda, nvfp4_on_the_cpu, or a part of
 # a name). `all` (the default) does both. Writes $OUT/real_parity_<stage>.log (or results/) and
-# copies the fixture's meta.json beside it; commit them as results/real-parity*.
+# copies the fixture's meta.json beside it; commit the fixture log as a section of
+# results/fixtures.log and the test log as a section of results/gpu-tests.log.
 source "$(dirname "$0")/gpu_env.sh"
 export GRAPHRUN_REAL_PARITY="${GRAPHRUN_REAL_PARITY:-/tmp/graphrun-real-parity}"
 stage="${1:-all}"
