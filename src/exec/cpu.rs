@@ -317,26 +317,18 @@ fn ngram_ids(
     heads_per_ngram: usize,
     table: usize,
 ) -> Result<Vec<i64>, String> {
-    let consts = &program.consts;
-    let t = consts
-        .ple_tables
-        .get(table)
-        .ok_or_else(|| format!("no PLE table {table}"))?;
-    let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
     let history = match &mut states[0] {
         StateBuf::Tokens(h) => h,
         _ => unreachable!("validated programs give the n-gram ids their token history"),
     };
-    Ok(ple::ngram_ids(
+    ple::program_ngram_ids(
+        &program.consts,
+        table,
         tokens,
         history,
-        eos,
         ngram,
         heads_per_ngram,
-        &t.multipliers,
-        &t.head_sizes,
-        &t.head_offsets,
-    ))
+    )
 }
 
 fn exec_node(

@@ -53,6 +53,39 @@ pub fn ngram_ids(
     ids
 }
 
+/// [`ngram_ids`] with the hash table `table` and the eos of a program's constants (what the CPU
+/// executor and a CUDA host step both compute); `Err` names what the program lacks.
+pub fn program_ngram_ids(
+    consts: &crate::ir::Consts,
+    table: usize,
+    tokens: &[i64],
+    history: &mut [i64],
+    ngram: usize,
+    heads_per_ngram: usize,
+) -> Result<Vec<i64>, String> {
+    let t = consts
+        .ple_tables
+        .get(table)
+        .ok_or_else(|| format!("no PLE table {table}"))?;
+    let eos = consts.ple_eos.ok_or("PLE needs an eos token")?;
+    if history.len() + 1 != ngram {
+        return Err(format!(
+            "a history of {} tokens for n-grams of {ngram}",
+            history.len()
+        ));
+    }
+    Ok(ngram_ids(
+        tokens,
+        history,
+        eos,
+        ngram,
+        heads_per_ngram,
+        &t.multipliers,
+        &t.head_sizes,
+        &t.head_offsets,
+    ))
+}
+
 /// `gv[s] = sigmoid(ssqrt(<key_s, query_s> / sqrt(H))) * value` for each stream `s`, where
 /// `ssqrt(g) = sign(g) * sqrt(max(|g|, 1e-6))`.
 pub fn gate(key: &[f32], query: &[f32], value: &[f32], tokens: usize, streams: usize) -> Vec<f32> {

@@ -188,7 +188,7 @@ impl Model {
                 model.expert_format = Some(WeightFormat::Nvfp4);
             }
             let bf16 = model.weight_dtype == "bf16";
-            let weights = |p| cuda::executor::planned_bytes(&probe, &resolved, bf16, p).0;
+            let weights = |p| cuda::executor::planned_bytes(&probe, &resolved, bf16, p);
             let memory = model.plan_memory(&gpu, weights)?;
             model.ple_table = memory.ple_table;
             model.memory_plan = Some(memory);

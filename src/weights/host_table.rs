@@ -303,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_table_of_the_release_size_takes_no_memory_until_read() {
+    fn a_zero_table_of_the_release_size_maps_and_gathers_zeros() {
         let t = HostTable::zeros("ngram", 320_001_536, 160, TableElement::Bf16).unwrap();
         assert_eq!(t.bytes(), 102_400_491_520);
         let mut out = Vec::new();

@@ -85,32 +85,15 @@ pub(super) fn gather(
             "a host step reads the step's tokens only".into(),
         ));
     }
-    let consts = &program.consts;
-    let (Some(t), Some(eos)) = (consts.ple_tables.get(hash), consts.ple_eos) else {
-        return Err(refused(
-            node,
-            format!("the program lacks PLE hash table {hash} or eos"),
-        ));
-    };
-    if history.len() + 1 != ngram {
-        return Err(refused(
-            node,
-            format!(
-                "a history of {} tokens for n-grams of {ngram}",
-                history.len()
-            ),
-        ));
-    }
-    let ids = crate::ops::ple::ngram_ids(
+    let ids = crate::ops::ple::program_ngram_ids(
+        &program.consts,
+        hash,
         tokens,
         history,
-        eos,
         ngram,
         heads_per_ngram,
-        &t.multipliers,
-        &t.head_sizes,
-        &t.head_offsets,
-    );
+    )
+    .map_err(|msg| refused(node, msg))?;
     let mut rows = Vec::with_capacity(ids.len() * table.width);
     table
         .gather(&ids, &mut rows)

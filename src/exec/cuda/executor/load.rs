@@ -77,34 +77,28 @@ fn proc_status_bytes(field: &str) -> Option<usize> {
 
 /// The bytes [`DeviceWeights::load`] places on the device for `resolved` (kept as [`Keeping`]
 /// says: NVFP4 banks as stored, matrices as bf16 when `bf16`, the rest as f32, host tables
-/// not at all), and the largest weight with its bytes: what a load is planned against before
-/// it starts.
+/// not at all): what the memory plan (`runtime::memory`) counts for the weights before a load.
 pub fn planned_bytes(
     program: &Program,
     resolved: &Resolved,
     bf16: bool,
     ple_table: Placement,
-) -> (usize, Option<(String, usize)>) {
+) -> usize {
     let keeping = Keeping::new(program, bf16, ple_table);
     let used: std::collections::HashSet<&str> =
         program.weights.iter().map(|w| w.name.as_str()).collect();
-    let mut total = 0usize;
-    let mut largest: Option<(String, usize)> = None;
-    for (info, source) in &resolved.weights {
-        if info.class != WeightClass::Float || !used.contains(info.name.as_str()) {
-            continue;
-        }
-        let elements: usize = info.shape.iter().product();
-        let parts = source.tensors();
-        let bytes = keeping
-            .of(&info.name, is_nvfp4(resolved, &parts))
-            .device_bytes(elements, parts.len());
-        total += bytes;
-        if largest.as_ref().is_none_or(|(_, b)| bytes > *b) {
-            largest = Some((info.name.clone(), bytes));
-        }
-    }
-    (total, largest)
+    resolved
+        .weights
+        .iter()
+        .filter(|(info, _)| info.class == WeightClass::Float && used.contains(info.name.as_str()))
+        .map(|(info, source)| {
+            let elements: usize = info.shape.iter().product();
+            let parts = source.tensors();
+            keeping
+                .of(&info.name, is_nvfp4(resolved, &parts))
+                .device_bytes(elements, parts.len())
+        })
+        .sum()
 }
 
 /// The bytes [`DeviceWeights::random`] places on the device for `program` (bf16 matrices, the
@@ -150,24 +144,8 @@ impl DeviceWeights {
         ple_table: Placement,
     ) -> Result<(DeviceWeights, LoadReport), Error> {
         let start = Instant::now();
-        // Planned before anything is read: a model that does not fit is refused with the figures,
-        // not by an allocation failing partway through the load.
-        let (need, largest) = planned_bytes(program, resolved, bf16, ple_table);
-        let (free, _) = gpu
-            .ctx
-            .mem_get_info()
-            .map_err(|e| CudaError::driver("asking the device's free memory", None, e))?;
-        if need > free {
-            let largest = largest
-                .map(|(n, b)| format!(" (the largest, `{n}`, {:.1} GB)", b as f64 / 1e9))
-                .unwrap_or_default();
-            return Err(Error::Input(format!(
-                "the weights take {:.1} GB on the device as it keeps them{largest}, and the device \
-                 has {:.1} GB free (the caches and workspace come on top)",
-                need as f64 / 1e9,
-                free as f64 / 1e9
-            )));
-        }
+        // What the progress bar counts to; `runtime::memory` planned it against the free memory.
+        let need = planned_bytes(program, resolved, bf16, ple_table);
         let keeping = Keeping::new(program, bf16, ple_table);
         // A host table's rows are checked as they are gathered (`HostTable::gather`): scanning
         // all of it here would read the release's 102 GB table that the load otherwise leaves

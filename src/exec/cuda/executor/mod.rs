@@ -180,6 +180,13 @@ impl DeviceState {
     }
 
     fn ensure(&mut self, gpu: &Gpu, program: &Program) -> Result<(), CudaError> {
+        if program
+            .states
+            .iter()
+            .all(|s| self.bufs.contains_key(&s.name))
+        {
+            return Ok(());
+        }
         let eos = program.consts.ple_eos.unwrap_or(0);
         let on_host: std::collections::HashSet<&str> = program
             .nodes

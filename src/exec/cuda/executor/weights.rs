@@ -63,11 +63,12 @@ impl DeviceWeights {
                     let m = DeviceMatrix::Bf16(gpu.upload(&bits, name)?);
                     dw.matrices.insert(info.name.clone(), m);
                 }
-                Keep::Matrix { bf16: false } | Keep::Nvfp4 => {
+                Keep::Matrix { bf16: false } => {
                     dw.bytes += t.data.len() * 4;
                     let m = DeviceMatrix::F32(gpu.upload(&t.data, name)?);
                     dw.matrices.insert(info.name.clone(), m);
                 }
+                Keep::Nvfp4 => unreachable!("asked for a weight that is not an NVFP4 bank"),
                 Keep::Vector => {
                     dw.bytes += t.data.len() * 4;
                     dw.vectors
