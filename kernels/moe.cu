@@ -762,6 +762,8 @@ extern "C" __global__ void __launch_bounds__(EM_MMA_WARPS_M * EM_MMA_WARPS_N * 3
         [&](int i, long c, float v0, float v1) { em_store_pair(out, slot[i], hidden, c, v0, v1); });
 }
 
+#define COMBINE_BATCH 10
+
 // y [tokens, hidden] = Σ_j w[t, j] * out[t * top_k + j, :], in slot order with no fused
 // multiply-add (the reference's sum); NaN where a slot's id is outside [0, experts) (its `out`
 // row was never written and is not read).
@@ -773,16 +775,31 @@ extern "C" __global__ void moe_experts_expert_major_combine_f32(float* y, const 
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
         const long t = i / hidden, r = i - t * hidden;
         float acc = 0.0f;
-        for (int j = 0; j < top_k; j++) {
-            const long s = t * top_k + j;
-            const long long e = ids[s];
-            if (e < 0 || e >= experts) {
-                acc = MOE_NAN;
-                continue;
+        bool bad = false;
+        // COMBINE_BATCH slots' loads issued together: the ids and weights, then the out rows of
+        // the valid slots (an invalid slot's row was never written).
+        for (int j0 = 0; j0 < top_k; j0 += COMBINE_BATCH) {
+            long long e[COMBINE_BATCH];
+            float ws[COMBINE_BATCH], o[COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                const long s = t * top_k + j0 + u;
+                e[u] = j0 + u < top_k ? ids[s] : 0;
+                ws[u] = j0 + u < top_k ? w[s] : 0.0f;
             }
-            acc = __fadd_rn(acc, __fmul_rn(w[s], out[s * hidden + r]));
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                const long s = t * top_k + j0 + u;
+                o[u] = j0 + u < top_k && e[u] >= 0 && e[u] < experts ? out[s * hidden + r] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) {
+                if (j0 + u >= top_k) break;
+                bad |= e[u] < 0 || e[u] >= experts;
+                acc = __fadd_rn(acc, __fmul_rn(ws[u], o[u]));
+            }
         }
-        y[i] = acc;
+        y[i] = bad ? MOE_NAN : acc;
     }
 }
 

@@ -19,18 +19,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "moe_tiles.cuh"
-
-#define NVFP4_NAN __int_as_float(0x7fc00000)
-// Values of a scale group.
-#define NVFP4_GROUP 16
-
-// An E4M3 scale byte's value, NaN codes as +0.
-__device__ __forceinline__ float nvfp4_e4m3(unsigned b) {
-    if ((b & 0x7Fu) == 0x7Fu) return 0.0f;
-    const unsigned e = (b >> 3) & 15u, m = b & 7u;
-    const float v = e == 0 ? (float)m * (1.0f / 512.0f) : __uint_as_float(((e + 120u) << 23) | (m << 20));
-    return (b & 0x80u) ? -v : v;
-}
+#include "nvfp4.cuh"
 
 // An E2M1 code's value: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (code 8 is -0).
 __device__ __forceinline__ float nvfp4_e2m1(unsigned c) {

@@ -117,7 +117,8 @@ mod tests {
     /// ahead of it has finished: a kernel that touched an activation, a state or its output
     /// before `wait_for_producers()` would race with it. So every kernel waits, and before the
     /// wait it only computes indices from its arguments and prefetches weights (or reads its own
-    /// state: `load_own_state`, which only the same node's earlier steps write). A kernel that
+    /// state: `load_own_state`, which only the same node's earlier steps write, or fills a
+    /// shared-memory table from constants: `fill_shared_*`). A kernel that
     /// may run ahead (`wait_for_producers_unless(ahead)`, kernels/common.cuh) must also call the
     /// plain wait, before its writes.
     #[test]
@@ -151,12 +152,14 @@ mod tests {
                     let declaration = ((code.starts_with("float ") || code.starts_with("uint4 "))
                         && !code.contains('='))
                         || code.starts_with("__shared__ ")
+                        || code.starts_with("extern __shared__ ")
                         || code.starts_with("using ");
                     assert!(
                         code.is_empty()
                             || code == "release_dependents_early()"
                             || code.contains("prefetch")
                             || code.contains("load_own_state")
+                            || code.starts_with("fill_shared_")
                             || index_math
                             || declaration,
                         "{file}: kernel {name} runs `{code}` before wait_for_producers()"

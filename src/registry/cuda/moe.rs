@@ -81,6 +81,42 @@ pub fn nvfp4_down_lanes(intermediate: usize) -> usize {
     lanes
 }
 
+/// The union kernels (`kernels/moe_nvfp4_union.cu`): weight rows of a tile (`UN_ROWS`), columns a
+/// warp reads of a row per chunk (`UN_CHUNK`), chunks a warp loads at once (`UN_BATCH`), most
+/// warps a block splits a row's chunks over (`UN_MAX_WARPS`), and most slots a step may have
+/// (a grid row each).
+pub const UNION_ROWS: usize = 16;
+pub const UNION_CHUNK: usize = 128;
+pub const UNION_BATCH: usize = 5;
+pub const UNION_MAX_WARPS: usize = 4;
+pub const UNION_MAX_SLOTS: usize = 65_535;
+
+/// Channel tiles (8 channels each) a gate/up block of the union kernels takes one after another,
+/// all prefetched at its start (`tiles`): a decode step's 800 tiles then fit the GPU at once.
+pub const UNION_GATE_TILES: usize = 2;
+/// Slots a pass of a union block serves (`UN_SLOTS`: an mma's 8 columns, hi and lo each).
+pub const UNION_SLOTS: usize = 4;
+
+/// Most dynamic shared memory a union kernel may take: 48 KiB without opting in, less its static
+/// shared memory (the scale table, the pass, the warps' products: about 3 KiB).
+pub const UNION_SHARED_MAX: usize = 44 * 1024;
+
+/// Dynamic shared memory of the union gate/up and down kernels for `rows` tokens: a pass's x rows
+/// split (at most min(4, rows) distinct tokens), its act rows split (at most 4 slots).
+pub fn union_shared(rows: usize, top_k: usize, hidden: usize, inter: usize) -> (usize, usize) {
+    (
+        UNION_SLOTS.min(rows) * hidden * 4,
+        UNION_SLOTS.min(rows * top_k) * inter * 4,
+    )
+}
+
+/// Warps of a union block over rows of `k` values: enough that each loads its chunks at once.
+pub fn union_warps(k: usize) -> usize {
+    k.div_ceil(UNION_CHUNK)
+        .div_ceil(UNION_BATCH)
+        .clamp(1, UNION_MAX_WARPS)
+}
+
 /// Dense (f32 or bf16) experts: the kernels that read them.
 fn dense(f: &NodeFacts) -> Result<(), String> {
     require(f.weight != Some(WeightFormat::Nvfp4), || {
@@ -205,6 +241,32 @@ pub static MOE_EXPERTS: &[Variant] = &[
             vec![
                 "moe_experts_gate_up_nvfp4".into(),
                 "moe_experts_down_nvfp4".into(),
+            ]
+        },
+    },
+    Variant {
+        op: "moe_experts",
+        name: "nvfp4_union_mma",
+        doc: "NVFP4 banks read packed, the union of the step's experts: a block per 16 rows of a selected expert serves every slot that chose it (the codes read once a step), widened by shifts into the tensor cores with x split into bf16 hi and lo; then the combine",
+        accepts: |f, _| {
+            nvfp4(f)?;
+            let (rows, k) = (f.dim("rows"), f.dim("top_k"));
+            let (h, i) = (f.dim("hidden"), f.dim("intermediate"));
+            let (gu, down) = union_shared(rows, k, h, i);
+            require(
+                rows * k <= UNION_MAX_SLOTS && gu <= UNION_SHARED_MAX && down <= UNION_SHARED_MAX,
+                || {
+                    format!(
+                        "{rows} rows of top {k}, hidden {h}, intermediate {i}: the union kernels take at most {UNION_MAX_SLOTS} slots (a grid row each) and staged rows ({gu} and {down} bytes) within {UNION_SHARED_MAX} bytes of shared memory"
+                    )
+                },
+            )
+        },
+        kernels: |_, _| {
+            vec![
+                "moe_experts_union_gate_up_nvfp4".into(),
+                "moe_experts_union_down_nvfp4".into(),
+                "moe_experts_expert_major_combine_f32".into(),
             ]
         },
     },

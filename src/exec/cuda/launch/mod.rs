@@ -14,6 +14,7 @@ pub mod layout;
 pub mod linear;
 pub mod moe;
 pub mod moe_nvfp4;
+pub mod moe_nvfp4_union;
 pub mod ple;
 pub mod sampling;
 

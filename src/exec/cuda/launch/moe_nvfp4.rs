@@ -29,7 +29,7 @@ pub struct DeviceNvfp4 {
 
 /// The bank's four kernel arguments, in the order every NVFP4 kernel takes them: codes, scales,
 /// globals, rows per global.
-fn arg_bank<'a>(b: &mut KernelLaunch<'a>, bank: &'a DeviceNvfp4) {
+pub(super) fn arg_bank<'a>(b: &mut KernelLaunch<'a>, bank: &'a DeviceNvfp4) {
     b.arg(&bank.codes)
         .arg(&bank.scales)
         .arg(&bank.globals)
@@ -101,7 +101,7 @@ impl DeviceNvfp4 {
 
 /// The checks both forms share (errors name `kernels[0]` for the inputs and gate/up,
 /// `kernels[1]` for down); `dims`: rows, top k, hidden, intermediate. Returns the experts.
-fn nvfp4_shapes(
+pub(super) fn nvfp4_shapes(
     kernels: [&str; 2],
     x: &CudaSlice<f32>,
     ids: &CudaSlice<i64>,

@@ -1,7 +1,19 @@
 //! The routed experts: the router's top-k and the experts' gate/up, SiLU and down.
 
 use super::*;
-use crate::exec::cuda::launch::{moe, moe_nvfp4};
+use crate::exec::cuda::device::Buf;
+use crate::exec::cuda::launch::{moe, moe_nvfp4, moe_nvfp4_union};
+
+/// A routed-experts launcher over NVFP4 banks (`launch::moe_nvfp4`, `launch::moe_nvfp4_union`).
+type Nvfp4Form = fn(
+    &Launch,
+    &CudaSlice<f32>,
+    &CudaSlice<i64>,
+    &CudaSlice<f32>,
+    &moe_nvfp4::DeviceNvfp4,
+    &moe_nvfp4::DeviceNvfp4,
+    [usize; 4],
+) -> Result<Buf<f32>, CudaError>;
 
 pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> {
     let rows = a.rows();
@@ -18,13 +30,15 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
             let (x, ids, ws) = (a.f32(0), a.i64(1), a.f32(2));
             let (k, hidden) = (a.width(1), a.width(0));
             let dims = [rows, k, hidden, *intermediate];
-            if let v @ ("nvfp4_token_major" | "nvfp4_expert_major_mma") = a.variant() {
+            let nvfp4_form: Option<Nvfp4Form> = match a.variant() {
+                "nvfp4_token_major" => Some(moe_nvfp4::moe_experts_nvfp4_token_major),
+                "nvfp4_expert_major_mma" => Some(moe_nvfp4::moe_experts_nvfp4_expert_major),
+                "nvfp4_union_mma" => Some(moe_nvfp4_union::moe_experts_nvfp4_union),
+                _ => None,
+            };
+            if let Some(form) = nvfp4_form {
                 let (gate_up, down) = (a.nvfp4(0)?, a.nvfp4(1)?);
-                let y = if v == "nvfp4_token_major" {
-                    moe_nvfp4::moe_experts_nvfp4_token_major(cx, x, ids, ws, gate_up, down, dims)?
-                } else {
-                    moe_nvfp4::moe_experts_nvfp4_expert_major(cx, x, ids, ws, gate_up, down, dims)?
-                };
+                let y = form(cx, x, ids, ws, gate_up, down, dims)?;
                 return Ok(vec![DVal::F32(y)]);
             }
             let (gate_up, down) = (a.matrix(0)?, a.matrix(1)?);
