@@ -103,16 +103,23 @@ pub struct BadLogit {
 /// The first NaN of `logits` (and, with `finite`, the first +inf): no choice can be made from
 /// them. -inf is a masked token and stays allowed.
 pub fn check_logits(logits: &[f32], finite: bool) -> Result<(), BadLogit> {
-    match logits
-        .iter()
-        .position(|v| v.is_nan() || (finite && *v == f32::INFINITY))
-    {
-        Some(token) => Err(BadLogit {
-            token,
-            value: logits[token],
-        }),
-        None => Ok(()),
-    }
+    let bad = |v: f32| v.is_nan() || (finite && v == f32::INFINITY);
+    // Blocks first (a test over a block vectorises), then the token in the first bad block.
+    let Some(block) = logits
+        .chunks(BLOCK)
+        .position(|b| b.iter().fold(false, |any, &v| any | bad(v)))
+    else {
+        return Ok(());
+    };
+    let token = block * BLOCK
+        + logits[block * BLOCK..]
+            .iter()
+            .position(|&v| bad(v))
+            .expect("the block holds a bad logit");
+    Err(BadLogit {
+        token,
+        value: logits[token],
+    })
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -126,18 +133,86 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// The first `k` token ids in the order of their logits, largest first, the lower id first on
-/// ties: the full order's first `k`, found by selection (a chat's vocabulary is 150k tokens,
-/// whose full sort costs the host milliseconds a token).
+/// ties: the full order's first `k`. For a few (`HEAP_MAX`), one pass keeps the best `k` in a
+/// heap whose top is the worst kept, so that most tokens cost one comparison; otherwise
+/// selection over every id (a chat's vocabulary is 150-250k tokens, whose full sort costs the
+/// host milliseconds a token).
 fn ranked(logits: &[f32], k: usize) -> Vec<usize> {
     let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    if k <= HEAP_MAX && k < logits.len() {
+        let mut kept: std::collections::BinaryHeap<Ranked> = (0..k)
+            .map(|id| Ranked {
+                logit: logits[id],
+                id,
+            })
+            .collect();
+        // A later id ranks first only with a larger logit (ties go to the lower id, kept). A
+        // block of logits whose largest is below the worst kept has none (`f32::max` over a
+        // block: a comparison that vectorises; >= also lets +0 past a kept -0).
+        let mut worst = kept.peek().map_or(f32::INFINITY, |r| r.logit);
+        let mut id = k;
+        for block in logits[k..].chunks(BLOCK) {
+            let largest = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if largest >= worst {
+                for (j, &logit) in block.iter().enumerate() {
+                    if logit.total_cmp(&worst).is_gt() {
+                        kept.pop();
+                        kept.push(Ranked { logit, id: id + j });
+                        worst = kept.peek().map_or(f32::INFINITY, |r| r.logit);
+                    }
+                }
+            }
+            id += block.len();
+        }
+        let mut order: Vec<usize> = kept.into_iter().map(|r| r.id).collect();
+        order.sort_by(by_logit);
+        return order;
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    let k = k.min(order.len());
-    if k > 0 && k < order.len() {
+    if k < order.len() {
         order.select_nth_unstable_by(k - 1, by_logit);
         order.truncate(k);
     }
     order.sort_by(by_logit);
     order
+}
+
+/// Most ids `ranked` keeps in a heap rather than selecting over the whole vocabulary, and the
+/// logits it tests against the worst kept at once.
+const HEAP_MAX: usize = 4096;
+const BLOCK: usize = 64;
+
+/// A token in the ranking's order: `Less` ranks first (the larger logit, then the lower id).
+struct Ranked {
+    logit: f32,
+    id: usize,
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Ranked {}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .logit
+            .total_cmp(&self.logit)
+            .then(self.id.cmp(&other.id))
+    }
+}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// The candidate tokens with their probabilities (summing to 1), largest first: the `top_k`
@@ -149,11 +224,17 @@ fn filter(
     top_p: Option<f32>,
 ) -> Vec<(u32, f64)> {
     let t = temperature as f64;
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64 / t;
+    // The largest logit: the ranking's first where there is one (the same value as a pass over
+    // every logit).
+    let top = top_k.map(|k| ranked(logits, k));
+    let max = match &top {
+        Some(order) if !order.is_empty() => logits[order[0]],
+        _ => logits.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+    } as f64
+        / t;
     let weight = |i: usize| (logits[i] as f64 / t - max).exp();
-    let (order, sum) = match top_k {
-        Some(k) => {
-            let order = ranked(logits, k);
+    let (order, sum) = match top {
+        Some(order) => {
             let sum = order.iter().map(|&i| weight(i)).sum::<f64>();
             (order, sum)
         }
