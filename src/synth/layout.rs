@@ -143,7 +143,9 @@ impl<'a> Layout<'a> {
                 }
             } else {
                 match (name.strip_suffix("ngram_embedding.weight"), &plan.ple) {
-                    (Some(base), Some(ple)) => {
+                    // The bf16 release splits the n-gram table into `shard_{k}` pieces; the
+                    // NVFP4 release (ModelOpt's export) stores it whole.
+                    (Some(base), Some(ple)) if opts.experts != ExpertFormat::Nvfp4 => {
                         // torch.chunk: pieces of ceil(rows/parts) rows, the last one shorter.
                         let (rows, cols) = (w.shape[0], w.shape[1]);
                         let per = rows.div_ceil(ple.split_parts.max(1)).max(1);

@@ -2,8 +2,9 @@
 //! from the lowered program (the same contract loading checks), values from a seeded stream.
 //!
 //! Layout: `model.language_model.` prefix for a composite config (`model.` for a flat one),
-//! fused experts (or ModelOpt NVFP4 per expert), the n-gram table in `split_ngram_parts` row
-//! pieces (`shard_{k}`, sized as `torch.chunk` makes them), the int64 PLE buffers, files
+//! fused experts and the n-gram table in `split_ngram_parts` row pieces (`shard_{k}`, sized as
+//! `torch.chunk` makes them) as the bf16 release has them, or ModelOpt NVFP4 per expert and the
+//! table whole as the NVFP4 release has them; the int64 PLE buffers, files
 //! (`model.safetensors`, or `model-0000k-of-0000n.safetensors` with a
 //! `model.safetensors.index.json`) of at most `shard_bytes` of data.
 //!
