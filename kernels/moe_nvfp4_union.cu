@@ -239,6 +239,25 @@ __device__ __forceinline__ void union_pass(UnionPass& p, const long long* ids, l
     }
 }
 
+// The block's first pass (all threads call it): whether its slot leads.
+__device__ __forceinline__ bool union_first_pass(UnionPass& p, const long long* ids, long slots, long experts,
+                                                 int per_row) {
+    union_pass(p, ids, slots, blockIdx.y, true, experts, per_row);
+    __syncthreads();
+    return p.lead;
+}
+
+// After a pass (all threads call it): the next one, false when the block's expert has no more
+// slots. The pass and the staged rows are rewritten.
+__device__ __forceinline__ bool union_next_pass(UnionPass& p, const long long* ids, long slots, long experts,
+                                                int per_row) {
+    __syncthreads();
+    if (p.next >= slots) return false;
+    union_pass(p, ids, slots, blockIdx.y, false, experts, per_row);
+    __syncthreads();
+    return p.count > 0;
+}
+
 // Sums the warps' products in warp order into warp 0's d (all threads of the block call it).
 __device__ __forceinline__ void union_reduce(float (&d)[4], int warp, int warps) {
     __shared__ float part[UN_MAX_WARPS][32][4];
@@ -284,10 +303,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
     extern __shared__ __align__(16) unsigned union_x[];
     fill_shared_scale_table(stab);
     wait_for_producers();
-    const long s = blockIdx.y;
-    union_pass(pass, ids, slots, s, true, experts, top_k);
-    __syncthreads();
-    if (!pass.lead) return;
+    if (!union_first_pass(pass, ids, slots, experts, top_k)) return;
     const long long e = pass.e;
     const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x & 31;
     const int g = lane / 4, t = lane % 4;
@@ -299,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
         prefetch_weights(scales + row * (hidden / NVFP4_GROUP), n * (hidden / NVFP4_GROUP));
         prefetch_weights(scales + (row + inter) * (hidden / NVFP4_GROUP), n * (hidden / NVFP4_GROUP));
     }
-    for (;;) {
+    do {
         // Stage x's rows for the pass, split: unit u (8 values of a row) becomes pairs (v[i],
         // v[i + 4]), hi then lo, UN_STAGE units a thread loaded at once.
         const int rows = pass.count == 0 ? 0 : pass.staged[pass.count - 1] + 1;
@@ -358,12 +374,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
             }
             if (warps > 1) __syncthreads();  // warp 0 has read the other warps' products
         }
-        __syncthreads();  // the pass and the staged rows are rewritten next
-        if (pass.next >= slots) return;
-        union_pass(pass, ids, slots, s, false, experts, top_k);
-        __syncthreads();
-        if (pass.count == 0) return;
-    }
+    } while (union_next_pass(pass, ids, slots, experts, top_k));
 }
 
 // --- Down ----------------------------------------------------------------------------------------
@@ -381,10 +392,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32)
     extern __shared__ __align__(16) uint4 union_act[];
     fill_shared_scale_table(stab);
     wait_for_producers();
-    const long s = blockIdx.y;
-    union_pass(pass, ids, slots, s, true, experts, 1);
-    __syncthreads();
-    if (!pass.lead) return;
+    if (!union_first_pass(pass, ids, slots, experts, 1)) return;
     const long long e = pass.e;
     const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x & 31;
     const int g = lane / 4, t = lane % 4;
@@ -400,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32)
     const float global_a = row_a >= 0 ? globals[row_a / rows_per_global] : 0.0f;
     const float global_b = row_b >= 0 ? globals[row_b / rows_per_global] : 0.0f;
     const long words = 2 * (inter / 8);  // uint4 of a slot's split row (both parts)
-    for (;;) {
+    do {
         for (long q = threadIdx.x; q < pass.count * words; q += blockDim.x) {
             const int j = (int)(q / words);
             cp_async16(shared_addr(union_act + q),
@@ -418,10 +426,5 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32)
             if (row_a >= 0) y[r0] = (d[0] + d[1]) * 128.0f * global_a;
             if (row_b >= 0) y[r1] = (d[2] + d[3]) * 128.0f * global_b;
         }
-        __syncthreads();
-        if (pass.next >= slots) return;
-        union_pass(pass, ids, slots, s, false, experts, 1);
-        __syncthreads();
-        if (pass.count == 0) return;
-    }
+    } while (union_next_pass(pass, ids, slots, experts, 1));
 }

@@ -57,6 +57,9 @@ fn expand_into(file: &str, out: &mut String, seen: &mut Vec<String>) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::{Device, LogitsMode, Phase};
+    use crate::lower::{lower, GraphSet, LowerOptions};
+    use crate::plan::ModelPlan;
 
     #[test]
     fn includes_are_inlined_once_with_line_markers() {
@@ -168,5 +171,109 @@ mod tests {
             }
         }
         assert!(kernels > 60, "found only {kernels} kernels");
+    }
+
+    /// The `__global__` names of the kernel sources, as pieces: a macro-built name
+    /// (`hc_read_act_s##R##_##SUFFIX`) is literal pieces and upper-case parameters, which stand for
+    /// any identifier characters; and the names a kernel macro is instantiated with (a line
+    /// `ATTENTION_SPLIT_KERNEL(attention_split_g4_f32, ...)`).
+    fn kernel_name_patterns() -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        for file in files() {
+            let text = source(file).unwrap();
+            for (name, _) in kernel_bodies(text) {
+                out.push(name.split("##").map(str::to_string).collect());
+            }
+            for line in text.lines() {
+                let Some((mac, args)) = line.split_once('(') else {
+                    continue;
+                };
+                let is_macro = !mac.is_empty()
+                    && mac
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+                let first = args.split([',', ')']).next().unwrap_or("").trim();
+                if is_macro
+                    && first.contains('_')
+                    && first.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                {
+                    out.push(vec![first.to_string()]);
+                }
+            }
+        }
+        out
+    }
+
+    fn matches_pattern(name: &str, pieces: &[String]) -> bool {
+        let Some((first, rest)) = pieces.split_first() else {
+            return name.is_empty();
+        };
+        let parameter = !first.is_empty()
+            && first
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            && first.chars().next().unwrap().is_ascii_uppercase();
+        if parameter {
+            (1..=name.len()).any(|n| {
+                name[..n].chars().all(|c| c.is_ascii_alphanumeric())
+                    && matches_pattern(&name[n..], rest)
+            })
+        } else {
+            name.strip_prefix(first.as_str())
+                .is_some_and(|r| matches_pattern(r, rest))
+        }
+    }
+
+    /// Every kernel a CUDA program of the real config names (decode, verify-sized and prefill steps,
+    /// bf16 and NVFP4 experts, the n-gram table on the device and the host) is defined in kernels/:
+    /// a registry entry naming a kernel the sources lack fails here, not on the GPU machine.
+    #[test]
+    fn every_kernel_a_cuda_program_names_is_in_the_sources() {
+        let patterns = kernel_name_patterns();
+        assert!(patterns.len() > 60, "found {} kernels", patterns.len());
+        let plan = ModelPlan::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/configs/qwen3.8-flash-next.json"),
+        )
+        .unwrap();
+        let graphs = GraphSet::embedded().unwrap();
+        let mut checked = 0;
+        for experts in [
+            crate::registry::WeightFormat::Bf16,
+            crate::registry::WeightFormat::Nvfp4,
+        ] {
+            for (phase, tokens) in [
+                (Phase::Decode, 1),
+                (Phase::Prefill, 2),
+                (Phase::Prefill, 6),
+                (Phase::Prefill, 16),
+                (Phase::Prefill, 64),
+                (Phase::Prefill, 4096),
+            ] {
+                let opts = LowerOptions {
+                    device: Device::Cuda,
+                    weight_format: Some(crate::registry::WeightFormat::Bf16),
+                    expert_format: Some(experts),
+                    ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+                };
+                let program = lower(&plan, &graphs, &opts).unwrap().program;
+                for node in &program.nodes {
+                    for k in &node.kernels {
+                        if k.starts_with("host_") || k.starts_with("cu") {
+                            continue; // host steps and driver copies
+                        }
+                        assert!(
+                            patterns.iter().any(|p| matches_pattern(k, p)),
+                            "{} ({}.{}) names kernel `{k}`, which no file in kernels/ defines",
+                            node.name,
+                            node.op.kind(),
+                            node.variant
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "checked {checked} kernel names");
     }
 }

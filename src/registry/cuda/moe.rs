@@ -110,6 +110,20 @@ pub fn union_shared(rows: usize, top_k: usize, hidden: usize, inter: usize) -> (
     )
 }
 
+/// Whether the union kernels take a step of `rows` tokens (the registry's `accepts` and the
+/// launcher's check): a grid row a slot, the staged rows within their shared memory.
+pub fn union_fits(rows: usize, top_k: usize, hidden: usize, inter: usize) -> Result<(), String> {
+    let (gu, down) = union_shared(rows, top_k, hidden, inter);
+    require(
+        rows * top_k <= UNION_MAX_SLOTS && gu <= UNION_SHARED_MAX && down <= UNION_SHARED_MAX,
+        || {
+            format!(
+                "{rows} rows of top {top_k}, hidden {hidden}, intermediate {inter}: the union kernels take at most {UNION_MAX_SLOTS} slots (a grid row each) and staged rows ({gu} and {down} bytes) within {UNION_SHARED_MAX} bytes of shared memory"
+            )
+        },
+    )
+}
+
 /// Warps of a union block over rows of `k` values: enough that each loads its chunks at once.
 pub fn union_warps(k: usize) -> usize {
     k.div_ceil(UNION_CHUNK)
@@ -250,16 +264,11 @@ pub static MOE_EXPERTS: &[Variant] = &[
         doc: "NVFP4 banks read packed, the union of the step's experts: a block per 16 rows of a selected expert serves every slot that chose it (the codes read once a step), widened by shifts into the tensor cores with x split into bf16 hi and lo; then the combine",
         accepts: |f, _| {
             nvfp4(f)?;
-            let (rows, k) = (f.dim("rows"), f.dim("top_k"));
-            let (h, i) = (f.dim("hidden"), f.dim("intermediate"));
-            let (gu, down) = union_shared(rows, k, h, i);
-            require(
-                rows * k <= UNION_MAX_SLOTS && gu <= UNION_SHARED_MAX && down <= UNION_SHARED_MAX,
-                || {
-                    format!(
-                        "{rows} rows of top {k}, hidden {h}, intermediate {i}: the union kernels take at most {UNION_MAX_SLOTS} slots (a grid row each) and staged rows ({gu} and {down} bytes) within {UNION_SHARED_MAX} bytes of shared memory"
-                    )
-                },
+            union_fits(
+                f.dim("rows"),
+                f.dim("top_k"),
+                f.dim("hidden"),
+                f.dim("intermediate"),
             )
         },
         kernels: |_, _| {

@@ -4,14 +4,14 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
+use super::launched;
 use super::moe::combine_slots;
 use super::moe_nvfp4::{arg_bank, nvfp4_shapes, DeviceNvfp4};
-use super::{launched, shape};
 use crate::exec::cuda::context::Launch;
 use crate::exec::cuda::device::Buf;
 use crate::exec::cuda::error::CudaError;
 use crate::registry::cuda::moe::{
-    union_shared, union_warps, UNION_GATE_TILES, UNION_MAX_SLOTS, UNION_ROWS, UNION_SHARED_MAX,
+    union_fits, union_shared, union_warps, UNION_GATE_TILES, UNION_ROWS,
 };
 
 const FILE: &str = "moe_nvfp4_union.cu";
@@ -37,17 +37,10 @@ pub fn moe_experts_nvfp4_union(
     let experts = nvfp4_shapes([gu_kernel, down_kernel], x, ids, w, gate_up, down, dims)?;
     let slots = rows * top_k;
     let (gu_shared, down_shared) = union_shared(rows, top_k, hidden, inter);
-    shape(
-        gu_kernel,
-        slots <= UNION_MAX_SLOTS
-            && gu_shared <= UNION_SHARED_MAX
-            && down_shared <= UNION_SHARED_MAX,
-        || {
-            format!(
-            "{rows} rows of top {top_k}, hidden {hidden}, intermediate {inter}: at most {UNION_MAX_SLOTS} slots (a grid row each), staged rows ({gu_shared} and {down_shared} bytes) within {UNION_SHARED_MAX} bytes of shared memory"
-        )
-        },
-    )?;
+    union_fits(rows, top_k, hidden, inter).map_err(|msg| CudaError::Shape {
+        kernel: gu_kernel.to_string(),
+        msg,
+    })?;
     let (k32, s64, h64, i64_, e64) = (
         top_k as i32,
         slots as i64,
