@@ -31,6 +31,11 @@
 // form the bf16 pair i (both nibbles then sit 16 bits apart, so one shift places both). The split
 // rows are stored in that order: per 8 values, the four pairs (v[i], v[i + 4]), i = 0..3, so that
 // one 16-byte load gives a thread the B registers of a word.
+//
+// Staged rows in shared memory are free of bank conflicts: a thread reads words 4t .. 4t + 3 of a
+// chunk in turn, so each group of four words is stored rotated by its t (`union_swizzle`), and a
+// staged row takes `union_stride(k)` words, 4 more than a multiple of 8: the 8 threads of a
+// quarter warp (two rows, four t) then read 8 distinct 16-byte bank groups.
 #include "common.cuh"
 #include "mma.cuh"
 #include "nvfp4.cuh"
@@ -47,6 +52,13 @@
 #define UN_STAGE 4
 
 // --- Shared by the gate/up and down launches ------------------------------------------------------
+
+// Where word w (8 values) of a staged row is stored: rotated within its group of four.
+__device__ __forceinline__ long union_swizzle(long w) { return (w & ~3l) | ((w + (w >> 2)) & 3l); }
+
+// Words (uint4) a staged row of k values takes: k / 8 raised to 4 more than a multiple of 8
+// (registry::cuda::moe::union_stride).
+__device__ __forceinline__ long union_stride(long k) { return k / 8 + (12 - (k / 8) % 8) % 8; }
 
 // Scale byte b times 2^119 in bf16, in both halves (E4M3's NaN codes as +0).
 __device__ __forceinline__ unsigned union_scale_pair(unsigned b) {
@@ -93,9 +105,12 @@ __device__ __forceinline__ uint4 union_codes(const unsigned char* codes, long ro
 }
 
 // The two scale bytes of those columns (byte 0 the first group's).
-__device__ __forceinline__ unsigned union_scale_bytes(const unsigned char* scales, long row, long k, long col) {
+// `wide` (k % 32 == 0): both bytes at an even offset, read as one u16.
+__device__ __forceinline__ unsigned union_scale_bytes(const unsigned char* scales, long row, long k, long col,
+                                                      bool wide) {
     if (row < 0 || col >= k) return 0u;
     const unsigned char* p = scales + row * (k / NVFP4_GROUP) + col / NVFP4_GROUP;
+    if (wide) return __ldg(reinterpret_cast<const unsigned short*>(p));
     const unsigned first = __ldg(p);
     return col + 32 <= k ? first | ((unsigned)__ldg(p + 1) << 8) : first;
 }
@@ -136,8 +151,8 @@ __device__ __forceinline__ void union_products(float (&d)[4], const unsigned cha
             const long col = (c0 + (long)u * warps) * UN_CHUNK + 32 * t;
             ca[u] = union_codes(codes, row_a, k, col, wide);
             cb[u] = union_codes(codes, row_b, k, col, wide);
-            sa[u] = union_scale_bytes(scales, row_a, k, col);
-            sb[u] = union_scale_bytes(scales, row_b, k, col);
+            sa[u] = union_scale_bytes(scales, row_a, k, col, wide);
+            sb[u] = union_scale_bytes(scales, row_b, k, col, wide);
         }
 #pragma unroll
         for (int u = 0; u < UN_BATCH; u++) {
@@ -148,7 +163,7 @@ __device__ __forceinline__ void union_products(float (&d)[4], const unsigned cha
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const bool in = b != nullptr && (word + q) * 8 < k;
-                bq[q] = in ? b[word + q] : make_uint4(0u, 0u, 0u, 0u);
+                bq[q] = in ? b[union_swizzle(word + q)] : make_uint4(0u, 0u, 0u, 0u);
             }
             const unsigned sa0 = stab[sa[u] & 0xFF], sa1 = stab[sa[u] >> 8];
             const unsigned sb0 = stab[sb[u] & 0xFF], sb1 = stab[sb[u] >> 8];
@@ -276,10 +291,10 @@ __device__ __forceinline__ void fill_shared_scale_table(unsigned* stab) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) stab[i] = union_scale_pair(i);
 }
 
-// This thread's B column in the staged rows ([rows][2][k / 8] uint4): slot g / 2's part g % 2,
-// nullptr past the pass's slots.
+// This thread's B column in the staged rows ([rows][2][union_stride(k)] uint4): slot g / 2's
+// part g % 2, nullptr past the pass's slots.
 __device__ __forceinline__ const uint4* union_column(const UnionPass& p, const uint4* staged, long k, int g) {
-    return g / 2 < p.count ? staged + ((long)p.staged[g / 2] * 2 + (g & 1)) * (k / 8) : nullptr;
+    return g / 2 < p.count ? staged + ((long)p.staged[g / 2] * 2 + (g & 1)) * union_stride(k) : nullptr;
 }
 
 // --- Gate/up -------------------------------------------------------------------------------------
@@ -288,12 +303,13 @@ __device__ __forceinline__ const uint4* union_column(const UnionPass& p, const u
 // [slots]; gate_up codes [experts, 2 * inter, hidden / 2], scales [experts, 2 * inter, hidden /
 // 16], globals one per rows_per_global rows. Grid (ceil(inter / (8 * tiles)), slots), blockDim.x
 // = 32 * warps (warps <= UN_MAX_WARPS); dynamic shared memory: min(UN_SLOTS, rows) rows of x
-// split (hidden * 4 bytes each). A block takes `tiles` tiles one after another, all of them
+// split (2 * union_stride(hidden) uint4 each). A block takes `tiles` tiles one after another, all of them
 // prefetched into L2 at its start (so that a grid that fits the GPU at once has every byte it
 // reads in flight from the start, without the registers that would hold them). A tile: gate
 // rows of 8 channels (tile rows 0-7), then their up rows (8-15), so that thread (g, t) ends with
 // channel g's gate and up sums for slot column t.
-extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
+// Three blocks an SM: four (128 registers) spill the batch of loaded chunks to local memory.
+extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 3)
     moe_experts_union_gate_up_nvfp4(unsigned* act_split, const float* x, const long long* ids,
                                     const unsigned char* codes, const unsigned char* scales, const float* globals,
                                     long rows_per_global, int top_k, long slots, long hidden, long inter,
@@ -319,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
         // Stage x's rows for the pass, split: unit u (8 values of a row) becomes pairs (v[i],
         // v[i + 4]), hi then lo, UN_STAGE units a thread loaded at once.
         const int rows = pass.count == 0 ? 0 : pass.staged[pass.count - 1] + 1;
-        const long words = hidden / 8, units = rows * words;
+        const long words = hidden / 8, units = rows * words, stride = union_stride(hidden);
         for (long u0 = threadIdx.x; u0 < units; u0 += (long)UN_STAGE * blockDim.x) {
             float4 va[UN_STAGE], vb[UN_STAGE];
 #pragma unroll
@@ -344,8 +360,8 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
                 union_split(va[j].y, vb[j].y, hi.y, lo.y);
                 union_split(va[j].z, vb[j].z, hi.z, lo.z);
                 union_split(va[j].w, vb[j].w, hi.w, lo.w);
-                reinterpret_cast<uint4*>(union_x)[(long)r * 2 * words + w] = hi;
-                reinterpret_cast<uint4*>(union_x)[((long)r * 2 + 1) * words + w] = lo;
+                reinterpret_cast<uint4*>(union_x)[(long)r * 2 * stride + union_swizzle(w)] = hi;
+                reinterpret_cast<uint4*>(union_x)[((long)r * 2 + 1) * stride + union_swizzle(w)] = lo;
             }
         }
         __syncthreads();
@@ -381,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32, 4)
 
 // out [slots, hidden] (rows of slots with a valid id); act_split [slots, 2, inter / 8, 4]; down
 // codes [experts, hidden, inter / 2], scales, globals. Grid (ceil(hidden / 16), slots),
-// blockDim.x = 32 * warps; dynamic shared memory: UN_SLOTS act rows split (inter * 4 bytes
-// each). The tile: output rows 16·blockIdx.x .. +15.
+// blockDim.x = 32 * warps; dynamic shared memory: UN_SLOTS act rows split (2 *
+// union_stride(inter) uint4 each). The tile: output rows 16·blockIdx.x .. +15.
 extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32)
     moe_experts_union_down_nvfp4(float* out, const unsigned* act_split, const long long* ids,
                                  const unsigned char* codes, const unsigned char* scales, const float* globals,
@@ -407,12 +423,13 @@ extern "C" __global__ void __launch_bounds__(UN_MAX_WARPS * 32)
     }
     const float global_a = row_a >= 0 ? globals[row_a / rows_per_global] : 0.0f;
     const float global_b = row_b >= 0 ? globals[row_b / rows_per_global] : 0.0f;
-    const long words = 2 * (inter / 8);  // uint4 of a slot's split row (both parts)
+    const long part = inter / 8, words = 2 * part, stride = union_stride(inter);  // uint4 of a split row
     do {
         for (long q = threadIdx.x; q < pass.count * words; q += blockDim.x) {
             const int j = (int)(q / words);
-            cp_async16(shared_addr(union_act + q),
-                       reinterpret_cast<const uint4*>(act_split) + (long)pass.list[j] * words + (q - j * words), true);
+            const long in_row = q - j * words, half = in_row / part, w = in_row - half * part;
+            cp_async16(shared_addr(union_act + ((long)j * 2 + half) * stride + union_swizzle(w)),
+                       reinterpret_cast<const uint4*>(act_split) + (long)pass.list[j] * words + in_row, true);
         }
         cp_async_commit();
         cp_async_wait_all();

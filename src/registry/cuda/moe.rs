@@ -92,8 +92,9 @@ pub const UNION_MAX_WARPS: usize = 4;
 pub const UNION_MAX_SLOTS: usize = 65_535;
 
 /// Channel tiles (8 channels each) a gate/up block of the union kernels takes one after another,
-/// all prefetched at its start (`tiles`): a decode step's 800 tiles then fit the GPU at once.
-pub const UNION_GATE_TILES: usize = 2;
+/// all prefetched at its start (`tiles`): a decode step's 800 tiles (270 blocks) then fit the GPU
+/// at once at the kernel's three blocks an SM (19.2 against 22.0 us with two, results/bench-compare.log).
+pub const UNION_GATE_TILES: usize = 3;
 /// Slots a pass of a union block serves (`UN_SLOTS`: an mma's 8 columns, hi and lo each).
 pub const UNION_SLOTS: usize = 4;
 
@@ -101,12 +102,20 @@ pub const UNION_SLOTS: usize = 4;
 /// shared memory (the scale table, the pass, the warps' products: about 3 KiB).
 pub const UNION_SHARED_MAX: usize = 44 * 1024;
 
+/// 16-byte words a staged row of `k` values takes in a union kernel's shared memory: `k / 8`
+/// raised to 4 more than a multiple of 8, so that a quarter warp's reads meet no bank conflict
+/// (`union_stride` in kernels/moe_nvfp4_union.cu).
+pub fn union_stride(k: usize) -> usize {
+    k / 8 + (12 - (k / 8) % 8) % 8
+}
+
 /// Dynamic shared memory of the union gate/up and down kernels for `rows` tokens: a pass's x rows
-/// split (at most min(4, rows) distinct tokens), its act rows split (at most 4 slots).
+/// split (at most min(4, rows) distinct tokens), its act rows split (at most 4 slots); a row
+/// split is two staged rows.
 pub fn union_shared(rows: usize, top_k: usize, hidden: usize, inter: usize) -> (usize, usize) {
     (
-        UNION_SLOTS.min(rows) * hidden * 4,
-        UNION_SLOTS.min(rows * top_k) * inter * 4,
+        UNION_SLOTS.min(rows) * 2 * union_stride(hidden) * 16,
+        UNION_SLOTS.min(rows * top_k) * 2 * union_stride(inter) * 16,
     )
 }
 
@@ -294,3 +303,20 @@ pub static MOE_EXPERTS: &[Variant] = &[
         },
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_staged_row_is_padded_to_four_past_a_multiple_of_eight_words() {
+        for k in (16..=4096).step_by(16) {
+            let s = union_stride(k);
+            assert!(s >= k / 8 && s < k / 8 + 8, "k {k}: stride {s}");
+            assert_eq!(s % 8, 4, "k {k}");
+        }
+        // The real geometry's rows (hidden 2560, intermediate 640) and four staged rows fit.
+        assert_eq!(union_stride(2560), 324);
+        assert!(union_fits(63, 10, 2560, 640).is_ok());
+    }
+}
