@@ -1,13 +1,15 @@
 //! Loading a checked checkpoint straight onto the device: each tensor goes from the mapped file
 //! to the device in the format the device keeps it (bf16 matrices of a bf16 checkpoint and NVFP4
 //! banks as stored, everything else widened to f32), with no host copy of the model: bytes
-//! already in the device's format are copied from the mapping itself, the rest through a
-//! staging buffer of at most `STAGING_BYTES`.
+//! already in the device's format go through the pinned pipeline of [`Uploader`] (read from
+//! the mapping by several threads, copied while the next piece is read), the rest through a
+//! conversion buffer of at most `STAGING_BYTES`.
 
 use std::time::Instant;
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
+use super::upload::Uploader;
 use super::weights::{Keep, Keeping};
 use super::*;
 use crate::checkpoint::{Checkpoint, DType};
@@ -162,6 +164,7 @@ impl DeviceWeights {
             program.weights.iter().map(|w| w.name.as_str()).collect();
         // Drawn on a terminal only (`crate::progress`): the bytes placed of those planned.
         let progress = crate::progress::Progress::bytes(need as u64, "loading onto the device");
+        let mut up = Uploader::new(gpu)?;
         for (info, source) in &resolved.weights {
             if info.class != WeightClass::Float || !used.contains(info.name.as_str()) {
                 continue;
@@ -175,17 +178,17 @@ impl DeviceWeights {
                     dw.host_tables.insert(info.name.clone(), table);
                 }
                 Keep::Nvfp4 => {
-                    let bank = nvfp4_bank(gpu, ckpt, resolved, info, &parts)?;
+                    let bank = nvfp4_bank(gpu, &mut up, ckpt, resolved, info, &parts)?;
                     dw.bytes += bank.bytes();
                     dw.nvfp4.insert(info.name.clone(), bank);
                 }
                 Keep::Matrix { bf16: true } => {
-                    let m = upload_parts::<u16>(gpu, ckpt, &parts, name)?;
+                    let m = upload_parts::<u16>(gpu, &mut up, ckpt, &parts, name)?;
                     dw.bytes += m.len() * 2;
                     dw.matrices.insert(info.name.clone(), DeviceMatrix::Bf16(m));
                 }
                 keep => {
-                    let v = upload_parts::<f32>(gpu, ckpt, &parts, name)?;
+                    let v = upload_parts::<f32>(gpu, &mut up, ckpt, &parts, name)?;
                     dw.bytes += v.len() * 4;
                     if keep == Keep::Vector {
                         dw.vectors.insert(info.name.clone(), v);
@@ -196,6 +199,7 @@ impl DeviceWeights {
             }
             progress.inc((dw.bytes - before) as u64);
         }
+        up.finish()?;
         progress.finish();
         dw.upload_ple_tables(gpu, program)?;
         gpu.sync("loading the weights")?;
@@ -287,9 +291,10 @@ impl Element for f32 {
 }
 
 /// The parts' values, one after another, in a device buffer of `T`.
-fn upload_parts<T: Element>(
+fn upload_parts<'a, T: Element>(
     gpu: &Gpu,
-    ckpt: &Checkpoint,
+    up: &mut Uploader<'_, 'a>,
+    ckpt: &'a Checkpoint,
     parts: &[&str],
     name: &str,
 ) -> Result<CudaSlice<T>, Error> {
@@ -317,14 +322,8 @@ fn upload_parts<T: Element>(
                 bytes.len()
             )));
         }
-        // SAFETY: u16 and f32 take every bit pattern; `align_to` only splits off what is not
-        // aligned.
-        let (head, body, tail) = unsafe { bytes.align_to::<T>() };
-        if T::stored_as(&info.dtype) && head.is_empty() && tail.is_empty() {
-            let mut view = dst.slice_mut(at..at + n);
-            gpu.stream.memcpy_htod(body, &mut view).map_err(|e| {
-                CudaError::driver(format!("uploading {name}"), Some(bytes.len()), e)
-            })?;
+        if T::stored_as(&info.dtype) {
+            up.copy(bytes, &mut dst.slice_mut(at..at + n), name)?;
         } else {
             let per_chunk = (STAGING_BYTES / std::mem::size_of::<T>()).max(1);
             let mut staging: Vec<T> = Vec::with_capacity(per_chunk.min(n));
@@ -351,9 +350,10 @@ fn upload_parts<T: Element>(
 
 /// An NVFP4 bank from its parts (each an NVFP4 matrix of one shape), codes and scales copied
 /// from the mapping as stored.
-fn nvfp4_bank(
+fn nvfp4_bank<'a>(
     gpu: &Gpu,
-    ckpt: &Checkpoint,
+    up: &mut Uploader<'_, 'a>,
+    ckpt: &'a Checkpoint,
     resolved: &Resolved,
     info: &crate::ir::WeightInfo,
     parts: &[&str],
@@ -384,10 +384,7 @@ fn nvfp4_bank(
                     "weight `{name}`: its NVFP4 parts hold more bytes than [{experts}, {out}, {inputs}]"
                 )));
             }
-            let mut view = dst.slice_mut(*at..*at + src.len());
-            gpu.stream
-                .memcpy_htod(src, &mut view)
-                .map_err(|e| CudaError::driver(format!("uploading {name}"), Some(src.len()), e))?;
+            up.copy(src, &mut dst.slice_mut(*at..*at + src.len()), name)?;
             *at += src.len();
         }
         globals.push(ckpt.to_f32(&m.global)?[0]);

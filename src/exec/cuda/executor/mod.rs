@@ -24,6 +24,7 @@ mod memory;
 mod nodes;
 mod record;
 mod single;
+mod upload;
 mod weights;
 
 pub use instrument::{HostTimes, Instrumentation, TraceLog};
