@@ -93,7 +93,8 @@ pub const UNION_MAX_SLOTS: usize = 65_535;
 
 /// Channel tiles (8 channels each) a gate/up block of the union kernels takes one after another,
 /// all prefetched at its start (`tiles`): a decode step's 800 tiles (270 blocks) then fit the GPU
-/// at once at the kernel's three blocks an SM (19.2 against 22.0 us with two, results/bench-compare.log).
+/// at once at the kernel's three blocks an SM (three measured faster than two:
+/// results/bench-compare.log (5)).
 pub const UNION_GATE_TILES: usize = 3;
 /// Slots a pass of a union block serves (`UN_SLOTS`: an mma's 8 columns, hi and lo each).
 pub const UNION_SLOTS: usize = 4;

@@ -33,13 +33,14 @@ pub struct Uploader<'g, 'a> {
     gpu: &'g Gpu,
     stages: Vec<Stage>,
     next: usize,
-    /// The next piece: (device address, bytes) in order, `queued` bytes in all.
-    queue: Vec<(sys::CUdeviceptr, &'a [u8])>,
+    /// The next piece: (device address, bytes, the weight they belong to) in order, `queued`
+    /// bytes in all.
+    queue: Vec<(sys::CUdeviceptr, &'a [u8], String)>,
     queued: usize,
 }
 
 fn failed(e: DriverError) -> CudaError {
-    CudaError::driver("uploading the weights", Some(PIECE_BYTES), e)
+    CudaError::driver("uploading the weights", None, e)
 }
 
 impl<'g, 'a> Uploader<'g, 'a> {
@@ -84,7 +85,8 @@ impl<'g, 'a> Uploader<'g, 'a> {
         let mut at = 0;
         while at < src.len() {
             let n = (PIECE_BYTES - self.queued).min(src.len() - at);
-            self.queue.push((base + at as u64, &src[at..at + n]));
+            self.queue
+                .push((base + at as u64, &src[at..at + n], what.to_string()));
             self.queued += n;
             at += n;
             if self.queued == PIECE_BYTES {
@@ -108,14 +110,14 @@ impl<'g, 'a> Uploader<'g, 'a> {
         let host = &mut stage.host.as_mut_slice().map_err(failed)?[..self.queued];
         fill(host, &self.queue);
         let mut at = 0;
-        for &(dst, src) in &self.queue {
+        for (dst, src, what) in &self.queue {
             // SAFETY: `dst` is the address of `src.len()` bytes inside a buffer that stays
             // allocated until `finish`; the host bytes stay as written until `sent` has completed
             // (waited for above before the buffer is written again, and in `finish` and `drop`).
             unsafe {
-                result::memcpy_htod_async(dst, &host[at..at + src.len()], stream.cu_stream())
+                result::memcpy_htod_async(*dst, &host[at..at + src.len()], stream.cu_stream())
             }
-            .map_err(failed)?;
+            .map_err(|e| CudaError::driver(format!("uploading {what}"), None, e))?;
             at += src.len();
         }
         stage.sent = Some(stream.record_event(None).map_err(failed)?);
@@ -150,10 +152,10 @@ impl Drop for Uploader<'_, '_> {
 
 /// The queued sources one after another into `dst` (their total length), in spans of at most
 /// `READ_SPAN` that the rayon pool's threads copy together.
-fn fill(dst: &mut [u8], queue: &[(sys::CUdeviceptr, &[u8])]) {
+fn fill(dst: &mut [u8], queue: &[(sys::CUdeviceptr, &[u8], String)]) {
     let mut spans: Vec<(&mut [u8], &[u8])> = Vec::new();
     let mut rest = dst;
-    for &(_, src) in queue {
+    for &(_, src, _) in queue {
         let (here, after) = rest.split_at_mut(src.len());
         spans.extend(here.chunks_mut(READ_SPAN).zip(src.chunks(READ_SPAN)));
         rest = after;
@@ -174,7 +176,10 @@ mod tests {
             .enumerate()
             .map(|(k, &len)| (0..len).map(|i| ((i * 31 + k * 7) % 251) as u8).collect())
             .collect();
-        let queue: Vec<(u64, &[u8])> = sources.iter().map(|s| (0, s.as_slice())).collect();
+        let queue: Vec<(u64, &[u8], String)> = sources
+            .iter()
+            .map(|s| (0, s.as_slice(), String::new()))
+            .collect();
         let mut dst = vec![0u8; lens.iter().sum()];
         super::fill(&mut dst, &queue);
         assert_eq!(dst, sources.concat());
