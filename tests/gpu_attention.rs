@@ -350,7 +350,7 @@ fn run_steps(gpu: &Launch, g: &Geometry, seed: u64) {
 
         // Reference (as exec::cpu).
         raw.extend_from_slice(&ik);
-        pool_blocks(&raw, &mut pooled, &k_norm, s, g.eps, g.theta);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, g.eps, g.theta, 0);
         let sel_cpu = select(&iq, &pooled, rows, start, s);
         kc.extend_from_slice(&k);
         vc.extend_from_slice(&v);
@@ -1005,7 +1005,7 @@ fn indexer_select_at_256k_context() {
     let filled = capacity - 5;
     let mut raw = random(&mut rng, filled * id);
     let mut pooled = Vec::new();
-    pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta);
+    pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta, 0);
     let padded = |v: &[f32], len: usize| {
         let mut p = v.to_vec();
         p.resize(len, 0.0);
@@ -1035,7 +1035,7 @@ fn indexer_select_at_256k_context() {
         )
         .unwrap();
         raw.extend_from_slice(&ik);
-        pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta);
+        pool_blocks(&raw, &mut pooled, &k_norm, &s, eps, theta, 0);
         let label = format!("256k T{rows} @{start}");
         let pooled_dev = gpu.download(&d_pooled, "pooled").unwrap();
         check(
@@ -1102,7 +1102,7 @@ fn filled_keys(
     let id = s.head_dim;
     let raw = random(rng, fill * id);
     let mut pooled = Vec::new();
-    pool_blocks(&raw, &mut pooled, k_norm, s, eps, theta);
+    pool_blocks(&raw, &mut pooled, k_norm, s, eps, theta, 0);
     let padded = |v: &[f32], len: usize| {
         let mut p = v.to_vec();
         p.resize(len, 0.0);
@@ -1167,7 +1167,7 @@ fn indexer_steps(
 
         // Reference (as exec::cpu).
         raw.extend_from_slice(&ik);
-        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta, 0);
         let want = select(&iq, &pooled, rows, start, s);
 
         let raw_dev = gpu
@@ -1302,7 +1302,7 @@ fn indexer_qk_steps(
         );
         // Reference (as exec::cpu), given the GPU's queries.
         raw.extend_from_slice(&ik);
-        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta);
+        pool_blocks(&raw, &mut pooled, &k_norm, s, eps, theta, 0);
         let first = start / s.block * id;
         if pooled.len() > first {
             let got = rows_of(pooled_f, first, pooled.len());

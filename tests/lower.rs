@@ -5,7 +5,7 @@
 mod common;
 
 use graphrun::ir::{Device, LogitsMode, Phase};
-use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::lower::{lower, GraphSet, LowerOptions, ProgramKind};
 use graphrun::plan::ModelPlan;
 
 fn snapshot(config: &str, name: &str, phase: Phase, tokens: usize, logits: LogitsMode) {
@@ -20,11 +20,16 @@ fn snapshot_on(
     tokens: usize,
     logits: LogitsMode,
 ) {
-    let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
     let opts = LowerOptions {
         device,
         ..LowerOptions::new(phase, tokens, logits)
     };
+    snapshot_with(config, name, &opts)
+}
+
+fn snapshot_with(config: &str, name: &str, opts: &LowerOptions) {
+    let opts = opts.clone();
+    let plan = ModelPlan::from_file(&common::repo().join(config)).unwrap();
     let lowered = lower(&plan, &GraphSet::embedded().unwrap(), &opts).unwrap();
     // Lowering is deterministic: twice gives the same text.
     let again = lower(&plan, &GraphSet::embedded().unwrap(), &opts).unwrap();
@@ -83,6 +88,90 @@ fn real_decode() {
         1,
         LogitsMode::Last,
     );
+}
+
+/// The MTP draft head of the real config (`graphs/qwen4exp/mtp.ron`): a decode step and a
+/// prefill of the prompt's rows.
+#[test]
+fn real_draft() {
+    for (name, phase, tokens) in [
+        ("qwen3.8_flash_next_draft_decode", Phase::Decode, 1),
+        ("qwen3.8_flash_next_draft_prefill_t8", Phase::Prefill, 8),
+    ] {
+        let opts = LowerOptions {
+            kind: ProgramKind::Draft,
+            ..LowerOptions::new(phase, tokens, LogitsMode::Last)
+        };
+        snapshot_with("tests/data/configs/qwen3.8-flash-next.json", name, &opts);
+    }
+}
+
+/// The draft imports the trunk's final hyper state and exports its own; its rotations sit one
+/// position past its rows; its tensors are the checkpoint's `mtp.*` (with the shared embedding
+/// and lm head). A trunk lowered with its exports returns the state its exit mixer reads.
+#[test]
+fn the_draft_head_reads_the_trunks_final_state() {
+    let plan =
+        ModelPlan::from_file(&common::repo().join("tests/data/configs/qwen3.8-flash-next.json"))
+            .unwrap();
+    let graphs = GraphSet::embedded().unwrap();
+    let draft = LowerOptions {
+        kind: ProgramKind::Draft,
+        ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+    };
+    let p = lower(&plan, &graphs, &draft).unwrap().program;
+    let ch = plan.hc.count * plan.hidden_size;
+    assert_eq!(
+        p.imports,
+        vec![graphrun::ir::Import {
+            name: "hidden".into(),
+            width: ch
+        }]
+    );
+    assert_eq!(p.exports.len(), 1);
+    assert_eq!(p.exports[0].name, "carrier");
+    assert_eq!(p.value(&p.exports[0].value).unwrap().width, ch);
+    assert_eq!(p.consts.rope_offset, 1);
+    for w in &p.weights {
+        assert!(
+            w.name.starts_with("mtp.")
+                || w.name == "model.embed_tokens.weight"
+                || w.name == "lm_head.weight",
+            "{}",
+            w.name
+        );
+    }
+    assert!(p.weights.iter().any(|w| w.name == "mtp.fc_hidden.weight"));
+    assert!(p
+        .weights
+        .iter()
+        .any(|w| w.name == "mtp.layers.0.mlp.experts.gate_up_proj"));
+
+    let plain = lower(
+        &plan,
+        &graphs,
+        &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
+    )
+    .unwrap()
+    .program;
+    assert!(plain.exports.is_empty());
+    let trunk = LowerOptions {
+        exports: true,
+        ..LowerOptions::new(Phase::Decode, 1, LogitsMode::Last)
+    };
+    let t = lower(&plan, &graphs, &trunk).unwrap().program;
+    assert_eq!(t.exports.len(), 1);
+    assert_eq!(t.exports[0].name, "hidden");
+    let last_layer = plan.num_layers - 1;
+    assert!(
+        t.exports[0]
+            .value
+            .starts_with(&format!("blk.{last_layer}.mlp_res.")),
+        "{}",
+        t.exports[0].value
+    );
+    // The same nodes as the plain program: exporting keeps a value, it computes nothing more.
+    assert_eq!(t.nodes.len(), plain.nodes.len());
 }
 
 /// The same programs scheduled for the CUDA executor: its rules and variants.

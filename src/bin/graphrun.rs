@@ -252,6 +252,13 @@ struct LowerArgs {
     /// that chose them) or `dot` (a Graphviz graph: nodes by op family, segments as clusters).
     #[arg(long, default_value = "ron")]
     format: LowerFormat,
+    /// Lower the MTP draft head (`graphs/qwen4exp/mtp.ron`) instead of the model.
+    #[arg(long)]
+    draft: bool,
+    /// Also return the composition's exports (the trunk's final hyper state, which a
+    /// speculative session hands the draft head).
+    #[arg(long)]
+    exports: bool,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -490,6 +497,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 .into());
             }
             let mut opts = LowerOptions::new(a.phase, tokens, logits);
+            if a.draft {
+                opts.kind = graphrun::lower::ProgramKind::Draft;
+            }
+            opts.exports = a.exports;
             opts.device = a.device;
             opts.weight_format = a.weights;
             opts.expert_format = a.experts;

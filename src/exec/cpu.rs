@@ -250,7 +250,15 @@ fn indexer_select(
     raw.extend_from_slice(k);
     let raw = std::mem::take(raw);
     let (pooled, _) = rows_buf(&mut states[1]);
-    indexer::pool_blocks(&raw, pooled, k_norm, s, eps, consts.rope_theta);
+    indexer::pool_blocks(
+        &raw,
+        pooled,
+        k_norm,
+        s,
+        eps,
+        consts.rope_theta,
+        consts.rope_offset,
+    );
     let sel = indexer::select(q, pooled, rows, start, s);
     *rows_buf(&mut states[0]).0 = raw;
     sel
@@ -341,6 +349,8 @@ fn exec_node(
 ) -> Result<Vec<Val>, String> {
     let consts = &program.consts;
     let eps = consts.rms_norm_eps;
+    // Where the step's first row is rotated (its caches still start at `start` rows).
+    let rope_at = start + consts.rope_offset;
     let one = |rows: usize, data: Vec<f32>| Ok(vec![Val::F32 { rows, data }]);
     match &node.op {
         Op::Embed => {
@@ -373,6 +383,11 @@ fn exec_node(
                 rows,
                 linear::by_variant(&node.variant, x, &w[0].data, rows, k, n),
             )
+        }
+        Op::StreamLinear { streams } => {
+            let (x, rows) = inputs[0].f32();
+            let (n, k) = (w[0].shape[0], w[0].shape[1]);
+            one(rows, linear::rows(x, &w[0].data, rows * streams, k, n))
         }
         Op::DivBy { by } => {
             let (x, rows) = inputs[0].f32();
@@ -527,7 +542,7 @@ fn exec_node(
             let (x, rows) = inputs[0].f32();
             one(
                 rows,
-                rope::rope(x, rows, start, *head_dim, *rotary_dim, consts.rope_theta),
+                rope::rope(x, rows, rope_at, *head_dim, *rotary_dim, consts.rope_theta),
             )
         }
         Op::NormRope {
@@ -541,7 +556,7 @@ fn exec_node(
                     x,
                     &w[0].data,
                     rows,
-                    start,
+                    rope_at,
                     *head_dim,
                     *rotary_dim,
                     eps,
@@ -575,7 +590,7 @@ fn exec_node(
                 &q_raw,
                 &w[0].data,
                 rows,
-                start,
+                rope_at,
                 s.head_dim,
                 s.rotary_dim,
                 eps,
@@ -614,7 +629,7 @@ fn exec_node(
             let (q_raw, gate) = attention::split_q_gate(qg, rows, *heads, *head_dim);
             let norm_rope = |x: &[f32], w: &[f32]| {
                 let theta = consts.rope_theta;
-                rope::norm_rope(x, w, rows, start, *head_dim, *rotary_dim, eps, theta)
+                rope::norm_rope(x, w, rows, rope_at, *head_dim, *rotary_dim, eps, theta)
             };
             let q = norm_rope(&q_raw, &w[0].data);
             let k = norm_rope(inputs[1].f32().0, &w[1].data);

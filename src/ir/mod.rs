@@ -17,6 +17,6 @@ pub mod program;
 
 pub use op::{Op, Sym, ValueType};
 pub use program::{
-    Consts, Device, GateActivation, LogitsMode, Node, Phase, PleTable, Program, Segment, StateInfo,
-    StateKind, ValueInfo, WeightClass, WeightInfo,
+    Consts, Device, Export, GateActivation, Import, LogitsMode, Node, Phase, PleTable, Program,
+    Segment, StateInfo, StateKind, ValueInfo, WeightClass, WeightInfo,
 };

@@ -52,6 +52,12 @@ pub enum Op<D> {
     },
     /// `x [T, K] · Wᵀ`, `W [N, K]` → `[T, N]`; no bias.
     Linear,
+    /// `Linear` on each of `streams` slices of a row: `x [T, streams*K]`, `W [N, K]` →
+    /// `[T, streams*N]` (the MTP head's `fc_hidden` on every hyper-connection stream). In memory
+    /// this is `Linear` over `T * streams` rows.
+    StreamLinear {
+        streams: D,
+    },
     /// Elementwise `x / by`.
     DivBy {
         by: D,
@@ -317,6 +323,7 @@ impl<D> Op<D> {
             Op::EmbedStreams { .. } => "embed_streams",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear => "linear",
+            Op::StreamLinear { .. } => "stream_linear",
             Op::DivBy { .. } => "div_by",
             Op::MulBy { .. } => "mul_by",
             Op::Silu => "silu",
@@ -376,6 +383,7 @@ impl<D> Op<D> {
     pub fn weight_is_matrix(&self, index: usize) -> bool {
         match self {
             Op::Linear
+            | Op::StreamLinear { .. }
             | Op::SwigluLinear
             | Op::HcMix { .. }
             | Op::HcInject { .. }
@@ -421,6 +429,7 @@ impl<D> Op<D> {
             ];
             dims: [
                 RepeatStreams { streams },
+                StreamLinear { streams },
                 EmbedStreams { streams },
                 RmsNorm { group; unit_offset },
                 DivBy { by },
@@ -466,6 +475,7 @@ pub const KINDS: &[&str] = &[
     "embed_streams",
     "rms_norm",
     "linear",
+    "stream_linear",
     "div_by",
     "mul_by",
     "silu",

@@ -94,6 +94,30 @@ pub struct Consts {
     /// The token that resets PLE n-gram history (eos_token_id[0]); None without PLE.
     pub ple_eos: Option<i64>,
     pub ple_tables: Vec<PleTable>,
+    /// Added to a row's position wherever a rotation is computed (queries, keys, the indexer's
+    /// pooled keys), not to the caches' row counts: the MTP draft's row r sits at position r + 1.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rope_offset: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A value the caller gives a step beside the tokens: `[tokens, width]` f32 (the MTP draft's
+/// `hidden`, the trunk's final hyper state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Import {
+    pub name: String,
+    pub width: usize,
+}
+
+/// A value a step gives back beside the logits, all its rows: `name` as the caller knows it,
+/// `value` the program's value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Export {
+    pub name: String,
+    pub value: String,
 }
 
 /// Hash constants of one PLE layer.
@@ -205,6 +229,12 @@ pub struct Program {
     pub input: String,
     /// The program's output: logits `[T or 1, vocab]`.
     pub output: String,
+    /// Values given beside the tokens (their value names are the import names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imports: Vec<Import>,
+    /// Values given back beside the logits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exports: Vec<Export>,
     /// Bytes of the arena that holds every value at its `offset` (set by `memplan`): one device
     /// buffer per step shape.
     #[serde(default)]
@@ -231,6 +261,16 @@ impl Program {
 
     pub fn from_ron(text: &str) -> Result<Program, ron::error::SpannedError> {
         ron::from_str(text)
+    }
+
+    /// Whether the caller gives `name` (the tokens or an import): no node produces it.
+    pub fn is_given(&self, name: &str) -> bool {
+        name == self.input || self.imports.iter().any(|i| i.name == name)
+    }
+
+    /// Whether the caller reads `name` after the step (the logits or an export).
+    pub fn is_returned(&self, name: &str) -> bool {
+        name == self.output || self.exports.iter().any(|e| e.value == name)
     }
 
     pub fn value(&self, name: &str) -> Option<&ValueInfo> {

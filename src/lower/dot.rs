@@ -31,6 +31,7 @@ pub fn kernel_table(p: &Program) -> String {
 fn family(op: &Op<usize>) -> (&'static str, &'static str) {
     match op {
         Op::Linear
+        | Op::StreamLinear { .. }
         | Op::LinearGroup { .. }
         | Op::LinearHcWrite { .. }
         | Op::SwigluLinear

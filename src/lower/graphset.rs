@@ -18,6 +18,9 @@ use crate::rules::steps::{self, StepRule};
 #[derive(Debug, Clone)]
 pub struct GraphSet {
     pub model: ModelDecl,
+    /// The MTP draft head's composition (`qwen4exp/mtp.ron`; optional in a `--graphs`
+    /// directory: without it, no draft program can be lowered).
+    pub draft: Option<ModelDecl>,
     pub blocks: BTreeMap<String, Block>,
     pub fusions: Vec<Fusion>,
     /// Horizontal fusions (`groups.ron`; optional in a `--graphs` directory).
@@ -82,6 +85,7 @@ impl GraphSet {
     /// Parses a set of (path, text) files; block names are the file stems under `qwen4exp/`.
     fn from_files(files: &[(String, String)]) -> Result<GraphSet, LowerError> {
         let mut model = None;
+        let mut draft = None;
         let mut blocks = BTreeMap::new();
         let mut fusions = None;
         let mut groups = None;
@@ -98,6 +102,7 @@ impl GraphSet {
                 .is_some_and(|n| n == MODEL_DIR);
             match (in_model_dir, stem) {
                 (true, "model") => model = Some(parse::<ModelDecl>(path, text)?),
+                (true, "mtp") => draft = Some(parse::<ModelDecl>(path, text)?),
                 (true, _) => {
                     blocks.insert(stem.to_string(), parse::<Block>(path, text)?);
                 }
@@ -115,6 +120,7 @@ impl GraphSet {
         let set = GraphSet {
             model: model
                 .ok_or_else(|| LowerError::graph("graphs/qwen4exp/model.ron", "file is missing"))?,
+            draft,
             blocks,
             fusions: fusions.unwrap_or_default(),
             groups: groups.unwrap_or_default(),
@@ -125,18 +131,27 @@ impl GraphSet {
         Ok(set)
     }
 
-    /// Blocks named by the model exist; their nodes only use declared names.
+    /// Blocks named by the compositions exist; their nodes only use declared names.
     fn check_references(&self) -> Result<(), LowerError> {
-        let instances = self
-            .model
+        let draft = self.draft.iter().map(|d| (d, "graphs/qwen4exp/mtp.ron"));
+        for (decl, decl_file) in
+            std::iter::once((&self.model, "graphs/qwen4exp/model.ron")).chain(draft)
+        {
+            self.check_composition(decl, decl_file)?;
+        }
+        Ok(())
+    }
+
+    fn check_composition(&self, decl: &ModelDecl, decl_file: &str) -> Result<(), LowerError> {
+        let instances = decl
             .prologue
             .iter()
-            .chain(&self.model.layer)
-            .chain(&self.model.epilogue);
+            .chain(&decl.layer)
+            .chain(&decl.epilogue);
         for inst in instances {
             let block = self.blocks.get(&inst.block).ok_or_else(|| {
                 LowerError::graph(
-                    "graphs/qwen4exp/model.ron",
+                    decl_file,
                     format!(
                         "instance `{}` names block `{}`, which has no file",
                         inst.name, inst.block
@@ -147,7 +162,7 @@ impl GraphSet {
             for input in &block.inputs {
                 if !inst.bind.contains_key(input) {
                     return Err(LowerError::graph(
-                        "graphs/qwen4exp/model.ron",
+                        decl_file,
                         format!(
                             "instance `{}` does not bind block input `{input}`",
                             inst.name
@@ -158,7 +173,7 @@ impl GraphSet {
             for out in inst.results.keys() {
                 if !block.outputs.contains(out) {
                     return Err(LowerError::graph(
-                        "graphs/qwen4exp/model.ron",
+                        decl_file,
                         format!(
                             "instance `{}` takes result `{out}`, which {file} does not output",
                             inst.name

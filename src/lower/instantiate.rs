@@ -9,24 +9,77 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::ir::dims::{self, Dims};
 use crate::ir::{
-    Consts, GateActivation, LogitsMode, Node, Op, PleTable, Program, StateInfo, StateKind, Sym,
-    ValueInfo, ValueType, WeightClass, WeightInfo,
+    Consts, Export, GateActivation, Import, LogitsMode, Node, Op, PleTable, Program, StateInfo,
+    StateKind, Sym, ValueInfo, ValueType, WeightClass, WeightInfo,
 };
 use crate::ops::shape;
-use crate::plan::{GateAct, LayerKind, ModelPlan};
+use crate::plan::{GateAct, LayerKind, LayerPlan, ModelPlan};
 
 use super::error::LowerError;
 use super::graphset::GraphSet;
-use super::template::{Block, Instance, StateDecl, When};
-use super::LowerOptions;
+use super::template::{Block, Instance, ModelDecl, StateDecl, When};
+use super::{LowerOptions, ProgramKind};
 
 /// The program input: token ids.
 pub const INPUT: &str = "tokens";
 
+/// The program `opts.kind` names: the trunk (`model.ron` over the plan's layers) or the MTP
+/// draft head (`mtp.ron` over its `mtp_layers` QSA layers).
 pub fn instantiate(
     plan: &ModelPlan,
     graphs: &GraphSet,
     opts: &LowerOptions,
+) -> Result<Program, LowerError> {
+    match opts.kind {
+        ProgramKind::Trunk => compose(
+            plan,
+            graphs,
+            opts,
+            (&graphs.model, "graphs/qwen4exp/model.ron"),
+            &plan.layers,
+        ),
+        ProgramKind::Draft => {
+            let decl = graphs.draft.as_ref().ok_or_else(|| {
+                LowerError::graph(
+                    "graphs/qwen4exp/mtp.ron",
+                    "file is missing: the graphs describe no draft head",
+                )
+            })?;
+            if plan.mtp_layers == 0 {
+                return Err(LowerError::Options(
+                    "the config declares no MTP draft layers (mtp_num_hidden_layers)".into(),
+                ));
+            }
+            compose(
+                plan,
+                graphs,
+                opts,
+                (decl, "graphs/qwen4exp/mtp.ron"),
+                &draft_layers(plan),
+            )
+        }
+    }
+}
+
+/// The draft head's decoder layers: QSA layers numbered from 0 (their tensors are
+/// `mtp.layers.{i}.*`), without PLE.
+pub fn draft_layers(plan: &ModelPlan) -> Vec<LayerPlan> {
+    (0..plan.mtp_layers)
+        .map(|index| LayerPlan {
+            index,
+            kind: LayerKind::Qsa,
+            type_name: "full_attention".into(),
+            ple: None,
+        })
+        .collect()
+}
+
+fn compose(
+    plan: &ModelPlan,
+    graphs: &GraphSet,
+    opts: &LowerOptions,
+    (decl, decl_file): (&ModelDecl, &str),
+    layers: &[LayerPlan],
 ) -> Result<Program, LowerError> {
     let mut b = Builder {
         plan,
@@ -36,6 +89,7 @@ pub fn instantiate(
         value_index: HashMap::new(),
         weight_index: HashMap::new(),
     };
+    b.program.consts.rope_offset = decl.rope_offset;
     b.push_value(ValueInfo {
         name: INPUT.into(),
         ty: ValueType::I64,
@@ -47,10 +101,27 @@ pub fn instantiate(
     let mut env: BTreeMap<String, String> =
         BTreeMap::from([(INPUT.to_string(), INPUT.to_string())]);
     let base = base_dims(plan);
-    for inst in &graphs.model.prologue {
+    for import in &decl.imports {
+        let width = dims::eval(&import.width, &base)
+            .map_err(|m| LowerError::graph(decl_file, format!("import `{}`: {m}", import.name)))?;
+        b.push_value(ValueInfo {
+            name: import.name.clone(),
+            ty: ValueType::F32,
+            width,
+            rows: 0,
+            bytes: 0,
+            offset: 0,
+        });
+        b.program.imports.push(Import {
+            name: import.name.clone(),
+            width,
+        });
+        env.insert(import.name.clone(), import.name.clone());
+    }
+    for inst in &decl.prologue {
         b.instance(inst, None, &base, &mut env)?;
     }
-    for layer in &plan.layers {
+    for layer in layers {
         let mut d = base.clone();
         if let Some(t) = layer.ple {
             let table = &plan
@@ -61,19 +132,33 @@ pub fn instantiate(
             d.insert("ple_rows".into(), table.padded_rows);
             d.insert("ple_table".into(), t);
         }
-        for inst in &graphs.model.layer {
-            b.instance(inst, Some(layer.index), &d, &mut env)?;
+        for inst in &decl.layer {
+            b.instance(inst, Some(layer), &d, &mut env)?;
         }
     }
-    for inst in &graphs.model.epilogue {
+    for inst in &decl.epilogue {
         b.instance(inst, None, &base, &mut env)?;
     }
-    b.program.output = env.get("logits").cloned().ok_or_else(|| {
-        LowerError::graph(
-            "graphs/qwen4exp/model.ron",
-            "the model never defines `logits`",
-        )
-    })?;
+    b.program.output = env
+        .get("logits")
+        .cloned()
+        .ok_or_else(|| LowerError::graph(decl_file, "the model never defines `logits`"))?;
+    // The draft always returns its exports (its carrier seeds the next chained step); the
+    // trunk only when asked (a speculative session reads its final hyper state).
+    if opts.kind == ProgramKind::Draft || opts.exports {
+        for (name, value) in &decl.exports {
+            let value = env.get(value).cloned().ok_or_else(|| {
+                LowerError::graph(
+                    decl_file,
+                    format!("export `{name}` names model value `{value}`, which is never defined"),
+                )
+            })?;
+            b.program.exports.push(Export {
+                name: name.clone(),
+                value,
+            });
+        }
+    }
     Ok(b.program)
 }
 
@@ -108,9 +193,12 @@ fn empty_program(plan: &ModelPlan, opts: &LowerOptions) -> Program {
             norm_topk_prob: plan.moe.norm_topk_prob,
             ple_eos: plan.ple.as_ref().and(plan.ple_eos()).map(|e| e as i64),
             ple_tables,
+            rope_offset: 0,
         },
         input: INPUT.into(),
         output: String::new(),
+        imports: Vec::new(),
+        exports: Vec::new(),
         arena_bytes: 0,
         segments: Vec::new(),
         values: Vec::new(),
@@ -149,8 +237,7 @@ impl Builder<'_> {
         self.program.values.push(info);
     }
 
-    fn applies(&self, when: When, layer: Option<usize>) -> bool {
-        let layer_plan = layer.map(|i| &self.plan.layers[i]);
+    fn applies(&self, when: When, layer_plan: Option<&LayerPlan>) -> bool {
         match when {
             When::Always => true,
             When::Gdn => layer_plan.is_some_and(|l| l.kind == LayerKind::Gdn),
@@ -165,13 +252,14 @@ impl Builder<'_> {
     fn instance(
         &mut self,
         inst: &Instance,
-        layer: Option<usize>,
+        layer_plan: Option<&LayerPlan>,
         dims: &Dims,
         env: &mut BTreeMap<String, String>,
     ) -> Result<(), LowerError> {
-        if !self.applies(inst.when, layer) {
+        if !self.applies(inst.when, layer_plan) {
             return Ok(());
         }
+        let layer = layer_plan.map(|l| l.index);
         let block: &Block = &self.graphs.blocks[&inst.block];
         let file = format!("graphs/qwen4exp/{}.ron", inst.block);
         let scope = match layer {

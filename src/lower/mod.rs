@@ -22,9 +22,24 @@ use crate::plan::ModelPlan;
 use crate::registry::{DeviceFacts, Placement, StorageFormats, WeightFormat};
 use crate::rules::RuleOverride;
 
+/// Which program of the model to lower.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProgramKind {
+    /// The model itself (`graphs/qwen4exp/model.ron`).
+    #[default]
+    Trunk,
+    /// The MTP draft head (`graphs/qwen4exp/mtp.ron`).
+    Draft,
+}
+
 /// What to lower for.
 #[derive(Debug, Clone)]
 pub struct LowerOptions {
+    /// The trunk or the draft head.
+    pub kind: ProgramKind,
+    /// Whether a trunk program returns its composition's exports (the final hyper state a
+    /// speculative session hands the draft); a draft program always does.
+    pub exports: bool,
     pub phase: Phase,
     /// Tokens per step (1 for decode).
     pub tokens: usize,
@@ -53,6 +68,8 @@ pub struct LowerOptions {
 impl LowerOptions {
     pub fn new(phase: Phase, tokens: usize, logits: LogitsMode) -> Self {
         LowerOptions {
+            kind: ProgramKind::Trunk,
+            exports: false,
             phase,
             tokens,
             logits,

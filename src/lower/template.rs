@@ -76,10 +76,27 @@ pub struct NodeDecl {
 pub struct ModelDecl {
     #[serde(default)]
     pub doc: String,
+    /// Model values the caller gives beside the tokens (`[T, width]` f32 each).
+    #[serde(default)]
+    pub imports: Vec<ImportDecl>,
     pub prologue: Vec<Instance>,
     /// Instantiated once per decoder layer, `{i}` in prefixes replaced by the layer index.
     pub layer: Vec<Instance>,
     pub epilogue: Vec<Instance>,
+    /// Export name → the model value it returns (as defined at the end), all rows.
+    #[serde(default)]
+    pub exports: BTreeMap<String, String>,
+    /// Added to each row's position where rotations are computed (`Consts::rope_offset`).
+    #[serde(default)]
+    pub rope_offset: usize,
+}
+
+/// A value the caller gives: its name and its width.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportDecl {
+    pub name: String,
+    pub width: Sym,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -82,7 +82,8 @@ impl IndexerShape {
     }
 }
 
-/// Extends `pooled` (rows of `head_dim`) with the keys of blocks completed by `raw_keys`.
+/// Extends `pooled` (rows of `head_dim`) with the keys of blocks completed by `raw_keys`, each
+/// rotated at its first row's position (the row plus `rope_offset`).
 pub fn pool_blocks(
     raw_keys: &[f32],
     pooled: &mut Vec<f32>,
@@ -90,6 +91,7 @@ pub fn pool_blocks(
     s: &IndexerShape,
     eps: f32,
     theta: f64,
+    rope_offset: usize,
 ) {
     let d = s.head_dim;
     let complete = raw_keys.len() / d / s.block;
@@ -104,7 +106,7 @@ pub fn pool_blocks(
             *m /= s.block as f32;
         }
         let mut key = rms_norm(&mean, k_norm, d, true, eps);
-        let (cos, sin) = rope::angles(b * s.block, s.rotary_dim, theta);
+        let (cos, sin) = rope::angles(b * s.block + rope_offset, s.rotary_dim, theta);
         rope::rotate_head(&mut key, &cos, &sin);
         pooled.extend_from_slice(&key);
     }

@@ -356,7 +356,7 @@ fn try_match(
                 continue;
             }
             // Intermediate values must be used only inside the match.
-            if *o == program.output {
+            if program.is_returned(o) {
                 return None;
             }
             let inside = m

@@ -78,8 +78,7 @@ fn mark_last_use(program: &mut Program) {
             last.insert(v.clone(), i);
         }
     }
-    last.remove(&program.output);
-    last.remove(&program.input);
+    last.retain(|v, _| !program.is_given(v) && !program.is_returned(v));
     for node in &mut program.nodes {
         node.last_use.clear();
     }
@@ -157,8 +156,12 @@ pub fn sizes(program: &Program) -> Result<Vec<(usize, usize)>, SizeError> {
     let index = value_index(program);
     let mut rows: Vec<Option<usize>> = vec![None; program.values.len()];
     let mut producer: Vec<Option<&Op<usize>>> = vec![None; program.values.len()];
-    if let Some(&i) = index.get(program.input.as_str()) {
-        rows[i] = Some(program.tokens);
+    for given in std::iter::once(program.input.as_str())
+        .chain(program.imports.iter().map(|i| i.name.as_str()))
+    {
+        if let Some(&i) = index.get(given) {
+            rows[i] = Some(program.tokens);
+        }
     }
     for node in &program.nodes {
         let r = match node.op {
@@ -203,8 +206,12 @@ pub fn sizes(program: &Program) -> Result<Vec<(usize, usize)>, SizeError> {
 pub fn lifetimes(program: &Program) -> Vec<(usize, usize)> {
     let index = value_index(program);
     let mut life: Vec<Option<(usize, usize)>> = vec![None; program.values.len()];
-    if let Some(&i) = index.get(program.input.as_str()) {
-        life[i] = Some((0, 0));
+    for given in std::iter::once(program.input.as_str())
+        .chain(program.imports.iter().map(|i| i.name.as_str()))
+    {
+        if let Some(&i) = index.get(given) {
+            life[i] = Some((0, 0));
+        }
     }
     for (n, node) in program.nodes.iter().enumerate() {
         for v in node.inputs.iter().chain(&node.outputs) {
@@ -214,10 +221,14 @@ pub fn lifetimes(program: &Program) -> Vec<(usize, usize)> {
             }
         }
     }
-    if let Some(&i) = index.get(program.output.as_str()) {
-        let end = program.nodes.len().saturating_sub(1);
-        let l = life[i].get_or_insert((end, end));
-        l.1 = l.1.max(end);
+    let returned = std::iter::once(program.output.as_str())
+        .chain(program.exports.iter().map(|e| e.value.as_str()));
+    for r in returned {
+        if let Some(&i) = index.get(r) {
+            let end = program.nodes.len().saturating_sub(1);
+            let l = life[i].get_or_insert((end, end));
+            l.1 = l.1.max(end);
+        }
     }
     life.into_iter().map(|l| l.unwrap_or((0, 0))).collect()
 }

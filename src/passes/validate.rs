@@ -31,7 +31,7 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
     for (i, node) in program.nodes.iter().enumerate() {
         let mut in_info = Vec::new();
         for input in &node.inputs {
-            if input != &program.input {
+            if !program.is_given(input) {
                 let p = *producer.get(input.as_str()).ok_or_else(|| {
                     invalid(&node.name, format!("reads `{input}` before it is defined"))
                 })?;
@@ -101,6 +101,17 @@ pub fn run(program: &Program) -> Result<(), LowerError> {
             "(output)",
             format!("output `{}` is never produced", program.output),
         ));
+    }
+    for e in &program.exports {
+        if !producer.contains_key(e.value.as_str()) {
+            return Err(invalid(
+                "(exports)",
+                format!(
+                    "export `{}` (value `{}`) is never produced",
+                    e.name, e.value
+                ),
+            ));
+        }
     }
     petgraph::algo::toposort(&graph, None).map_err(|c| {
         invalid(

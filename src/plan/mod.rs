@@ -54,6 +54,9 @@ pub struct ModelPlan {
     pub pad_token_id: Option<u32>,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
+    /// Decoder layers of the MTP draft head (`mtp_num_hidden_layers`; 0: none): QSA layers over
+    /// the trunk's final hyper state (`graphs/qwen4exp/mtp.ron`).
+    pub mtp_layers: usize,
 }
 
 /// Which shape of config.json the plan came from (weights are prefixed accordingly:

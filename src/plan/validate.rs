@@ -27,6 +27,8 @@ const MAX_DIM: usize = 1 << 31;
 
 /// The most decoder layers we plan for (a derived `layer_types` allocates one entry per layer).
 const MAX_LAYERS: usize = 1 << 16;
+/// Most MTP draft layers a config may declare (the release has one).
+const MAX_MTP_LAYERS: usize = 16;
 
 /// The most elements of one derived size (a projection's width, the GDN recurrent state), far
 /// above any real model's (the largest, the PLE table, has 3.2e8 rows), and low enough that
@@ -88,6 +90,14 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
         ));
     }
     let max_position_embeddings = size(&t, "max_position_embeddings", 32_768)?;
+    let mtp_layers = t.usize("mtp_num_hidden_layers")?.unwrap_or(0);
+    if mtp_layers > MAX_MTP_LAYERS {
+        return Err(t.invalid(
+            "mtp_num_hidden_layers",
+            mtp_layers,
+            format!("implausibly many draft layers (limit {MAX_MTP_LAYERS})"),
+        ));
+    }
     let rms_norm_eps = rms_norm_eps(&t)?;
     let gate_act = gate_activation(&t)?;
 
@@ -126,6 +136,13 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
 
     let attn = attention(&t)?;
     let indexer = indexer(&t, &kinds, attn.rotary_dim)?;
+    if mtp_layers > 0 && indexer.is_none() {
+        return Err(t.invalid(
+            "mtp_num_hidden_layers",
+            mtp_layers,
+            "the MTP draft's layers are QSA layers, which need the indexer_* fields",
+        ));
+    }
     let moe = moe(&t)?;
     derived_sizes(&t, hidden_size, &hc, &gdn, &attn, indexer.as_ref(), &moe)?;
 
@@ -207,6 +224,7 @@ pub(super) fn plan_from_json(root: &Value, origin: &str) -> Result<ModelPlan, Pl
         pad_token_id,
         tie_word_embeddings,
         max_position_embeddings,
+        mtp_layers,
     })
 }
 

@@ -91,6 +91,7 @@ pub static VARIANTS: &[&[Variant]] = &[
     reference!("ple_mix", "ops::ple::mix"),
     reference!("last_row", "ops::elementwise::last_row"),
     reference!("swiglu_linear", "ops::linear::swiglu"),
+    reference!("stream_linear", "ops::linear::rows"),
     reference!("hc_mix", "ops::hyper::hc_mix"),
     reference!("hc_inject", "ops::hyper::hc_inject"),
     reference!("hc_read", "ops::hyper::hc_read"),

@@ -247,7 +247,7 @@ impl NodeFacts {
             dims.insert("row_tail".into(), k % chunk);
         };
         match &node.op {
-            Op::Linear | Op::SwigluLinear | Op::LinearHcWrite { .. } => {
+            Op::Linear | Op::StreamLinear { .. } | Op::SwigluLinear | Op::LinearHcWrite { .. } => {
                 let s = weight_shape(0);
                 if let [n, k] = s[..] {
                     matrix(n, k, &mut dims);

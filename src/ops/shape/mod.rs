@@ -110,6 +110,21 @@ pub fn infer(op: &Op<usize>, inputs: &[Io], weights: &[Vec<usize>]) -> Result<Ve
             })?;
             f(weights[0][0])
         }
+        Op::StreamLinear { streams } => {
+            expect_inputs(inputs, 1)?;
+            expect_weights(weights, 1)?;
+            let w = f32_input(inputs[0], "input")?;
+            check(
+                *streams > 0 && weights[0].len() == 2 && weights[0][1] * streams == w,
+                || {
+                    format!(
+                        "weight {:?} on {streams} streams does not take an input of width {w}",
+                        weights[0]
+                    )
+                },
+            )?;
+            f(weights[0][0] * streams)
+        }
         Op::DivBy { by } | Op::MulBy { by } => {
             expect_inputs(inputs, 1)?;
             check(*by > 0, || "scalar must be positive".into())?;

@@ -175,6 +175,25 @@ pub static LINEAR: &[Variant] = &[
     },
 ];
 
+/// `stream_linear`: one matrix over every stream of each row, as `linear` over `rows x streams`
+/// rows (the streams of a row are contiguous).
+pub static STREAM_LINEAR: &[Variant] = &[
+    Variant {
+        op: "stream_linear",
+        name: "rows",
+        doc: "linear's `rows` over every stream of every row",
+        accepts: any,
+        kernels: |f, _| vec![f.kernel("linear_rows")],
+    },
+    Variant {
+        op: "stream_linear",
+        name: "tiled",
+        doc: "linear's `tiled` over every stream of every row",
+        accepts: tiled_grid,
+        kernels: |f, _| vec![f.kernel("linear_tiled")],
+    },
+];
+
 fn parts_fit(f: &NodeFacts) -> Result<(), String> {
     require(
         (1..=MAX_PARTS).contains(&f.dim("parts")) && f.dim("n").div_ceil(2) <= MAX_GRID,

@@ -44,6 +44,7 @@ macro_rules! single {
 pub static VARIANTS: &[&[Variant]] = &[
     linear::LINEAR,
     linear::LINEAR_GROUP,
+    linear::STREAM_LINEAR,
     linear::LINEAR_HC_WRITE,
     linear::MOE_SHARED_WRITE,
     attention::ATTENTION,

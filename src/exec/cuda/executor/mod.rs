@@ -349,6 +349,15 @@ impl<'d> CudaExecutor<'d> {
         let opts = &mut self.instrumentation;
         let rows_in = tokens.len();
         let start = state.position;
+        if !program.imports.is_empty()
+            || !program.exports.is_empty()
+            || program.consts.rope_offset != 0
+        {
+            return Err(CudaError::Shape {
+                kernel: "session".into(),
+                msg: "a program with imports, exports or a rotation offset (the MTP draft head, a speculative trunk) runs on the CPU only so far".into(),
+            });
+        }
         if start + rows_in > state.capacity {
             return Err(CudaError::Shape {
                 kernel: "session".into(),

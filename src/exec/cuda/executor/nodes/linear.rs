@@ -1,4 +1,4 @@
-//! The matrix products: `Linear`, `LinearGroup`, `SwigluLinear`, `LinearHcWrite`,
+//! The matrix products: `Linear`, `StreamLinear`, `LinearGroup`, `SwigluLinear`, `LinearHcWrite`,
 //! `MoeSharedWrite`.
 
 use super::*;
@@ -18,6 +18,16 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
                 "mma" => linear::linear_mma_with(cx, x, m, rows, k, n, MmaTile::T64)?,
                 "mma_wide" => linear::linear_mma_with(cx, x, m, rows, k, n, MmaTile::Wide)?,
                 one => linear::linear_one_token(cx, x, m, k, n, one_token(one)?)?,
+            })]
+        }
+        Op::StreamLinear { streams } => {
+            // The streams of a row are contiguous: a linear over rows x streams rows.
+            let (x, m, rows) = (a.f32(0), a.matrix(0)?, rows * streams);
+            let (k, n) = (a.width(0) / streams, a.weight_rows(0));
+            vec![DVal::F32(match a.variant() {
+                "rows" => kernels::linear_rows(cx, x, m, rows, k, n)?,
+                "tiled" => kernels::linear_tiled(cx, x, m, rows, k, n)?,
+                _ => return Err(a.unknown_variant()),
             })]
         }
         Op::LinearGroup { .. } => {

@@ -162,6 +162,7 @@ pub(super) fn launch(
     match &args.node.op {
         Linear
         | LinearGroup { .. }
+        | StreamLinear { .. }
         | SwigluLinear
         | LinearHcWrite { .. }
         | MoeSharedWrite { .. } => linear::launch(cx, args),
