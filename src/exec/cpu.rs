@@ -12,11 +12,14 @@ use crate::ops::{
 use crate::weights::{WeightTensor, Weights};
 
 use super::state::{SessionState, StateBuf};
+use super::{Imports, StepOutput};
 
 #[derive(Debug, Error)]
 pub enum ExecError {
     #[error("program for {expected} token(s) given {got}")]
     TokenCount { expected: usize, got: usize },
+    #[error("import `{name}`: {msg}")]
+    Import { name: String, msg: String },
     #[error("weight `{0}` is not loaded")]
     MissingWeight(String),
     #[error("node `{node}`: {msg}")]
@@ -54,18 +57,46 @@ pub fn run(
     state: &mut SessionState,
     tokens: &[i64],
 ) -> Result<(Vec<f32>, usize), ExecError> {
+    let out = run_step(program, weights, state, tokens, &[])?;
+    Ok((out.logits, out.rows))
+}
+
+/// Runs one step given the program's imports (by name, `[tokens, width]` each) and returns the
+/// logits and the program's exports. A missing or misshaped import is refused before any node
+/// runs, the state untouched.
+pub fn run_step(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    imports: Imports,
+) -> Result<StepOutput, ExecError> {
     if tokens.len() != program.tokens {
         return Err(ExecError::TokenCount {
             expected: program.tokens,
             got: tokens.len(),
         });
     }
-    let mut outs = run_values(program, weights, state, tokens, &[program.output.as_str()])?;
-    let (data, rows) = match outs.remove(&program.output) {
+    let mut keep = vec![program.output.as_str()];
+    keep.extend(program.exports.iter().map(|e| e.value.as_str()));
+    let mut outs = run_observed(program, weights, state, tokens, imports, &keep, None)?;
+    let (logits, rows) = match outs.remove(&program.output) {
         Some(Val::F32 { rows, data }) => (data, rows),
         _ => unreachable!("validated programs output f32 logits"),
     };
-    Ok((data, rows))
+    let exports = program
+        .exports
+        .iter()
+        .map(|e| match outs.get(&e.value) {
+            Some(Val::F32 { data, .. }) => (e.name.clone(), data.clone()),
+            _ => unreachable!("validated programs export f32 values"),
+        })
+        .collect();
+    Ok(StepOutput {
+        logits,
+        rows,
+        exports,
+    })
 }
 
 /// Runs one step and returns the named values (kept alive past their last use). Used by `run`
@@ -77,7 +108,7 @@ pub fn run_values(
     tokens: &[i64],
     keep: &[&str],
 ) -> Result<HashMap<String, Val>, ExecError> {
-    run_observed(program, weights, state, tokens, keep, None)
+    run_observed(program, weights, state, tokens, &[], keep, None)
 }
 
 /// What one node of a step read and wrote: the parity loop over the CUDA kernels
@@ -111,6 +142,7 @@ pub fn record_step(
         weights,
         state,
         tokens,
+        &[],
         &[],
         Some((want, &mut observe)),
     )?;
@@ -149,12 +181,51 @@ fn run_observed(
     weights: &Weights,
     state: &mut SessionState,
     tokens: &[i64],
+    imports: Imports,
     keep: &[&str],
     mut observer: Option<Observer>,
 ) -> Result<HashMap<String, Val>, ExecError> {
+    let mut values: HashMap<&str, Val> = HashMap::new();
+    for import in &program.imports {
+        let given = imports
+            .iter()
+            .find(|(name, _)| *name == import.name)
+            .ok_or_else(|| ExecError::Import {
+                name: import.name.clone(),
+                msg: "not given".into(),
+            })?;
+        let want = tokens.len() * import.width;
+        if given.1.len() != want {
+            return Err(ExecError::Import {
+                name: import.name.clone(),
+                msg: format!(
+                    "{} values given, {} expected ({} rows of {})",
+                    given.1.len(),
+                    want,
+                    tokens.len(),
+                    import.width
+                ),
+            });
+        }
+        values.insert(
+            import.name.as_str(),
+            Val::F32 {
+                rows: tokens.len(),
+                data: given.1.to_vec(),
+            },
+        );
+    }
+    if let Some((name, _)) = imports
+        .iter()
+        .find(|(name, _)| !program.imports.iter().any(|i| i.name == *name))
+    {
+        return Err(ExecError::Import {
+            name: name.to_string(),
+            msg: "the program takes no such import".into(),
+        });
+    }
     let start = state.position;
     state.ensure(&program.states, program.consts.ple_eos.unwrap_or(0));
-    let mut values: HashMap<&str, Val> = HashMap::new();
     values.insert(
         program.input.as_str(),
         Val::I64 {

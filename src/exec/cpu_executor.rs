@@ -2,8 +2,8 @@
 
 use super::cpu;
 use super::state::SessionState;
-use super::Executor;
-use crate::error::Result;
+use super::{Executor, Imports, StepOutput};
+use crate::error::{Error, Result};
 use crate::ir::Program;
 use crate::weights::Weights;
 
@@ -11,6 +11,10 @@ use crate::weights::Weights;
 pub struct CpuExecutor<'w> {
     weights: &'w Weights,
     state: SessionState,
+    /// The state at the last checkpoint (`Executor::checkpoint`): a rewind restores it whole,
+    /// since the CPU reference computes each row alike whatever the step's length, rerunning
+    /// the rows after it gives the state a rewind to any later position would.
+    checkpoint: Option<SessionState>,
 }
 
 impl<'w> CpuExecutor<'w> {
@@ -18,6 +22,7 @@ impl<'w> CpuExecutor<'w> {
         CpuExecutor {
             weights,
             state: SessionState::default(),
+            checkpoint: None,
         }
     }
 
@@ -38,5 +43,42 @@ impl Executor for CpuExecutor<'_> {
 
     fn step(&mut self, program: &Program, tokens: &[i64]) -> Result<(Vec<f32>, usize)> {
         Ok(cpu::run(program, self.weights, &mut self.state, tokens)?)
+    }
+
+    fn step_with(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: Imports,
+    ) -> Result<StepOutput> {
+        Ok(cpu::run_step(
+            program,
+            self.weights,
+            &mut self.state,
+            tokens,
+            imports,
+        )?)
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.checkpoint = Some(self.state.clone());
+        Ok(())
+    }
+
+    fn rewind(&mut self, position: usize) -> Result<usize> {
+        let mark = self.checkpoint.as_ref().map(|c| c.position);
+        match mark {
+            Some(m) if (m..=self.state.position).contains(&position) => {
+                if position != self.state.position {
+                    self.state = self.checkpoint.clone().expect("checked above");
+                }
+                Ok(self.state.position)
+            }
+            _ => Err(Error::Input(format!(
+                "rewind to position {position}: the checkpoint is at {}, the sequence at {}",
+                mark.map_or("none".to_string(), |m| m.to_string()),
+                self.state.position
+            ))),
+        }
     }
 }

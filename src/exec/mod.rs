@@ -14,6 +14,29 @@ use crate::error::Result;
 use crate::ir::Program;
 use crate::runtime::sampling::{argmax, check_logits, BadLogit};
 
+/// The values a step is given beside its tokens, by import name: `[tokens, width]` f32 each
+/// (`Program::imports`).
+pub type Imports<'a> = &'a [(&'a str, &'a [f32])];
+
+/// What [`Executor::step_with`] gives back: the logits `[rows, vocab]` and the program's exports
+/// (`Program::exports`, every row of each), in the program's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    pub logits: Vec<f32>,
+    pub rows: usize,
+    pub exports: Vec<(String, Vec<f32>)>,
+}
+
+impl StepOutput {
+    /// The export `name`.
+    pub fn export(&self, name: &str) -> Option<&[f32]> {
+        self.exports
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
 /// One sequence on an executor: it runs the steps of lowered programs over the state it keeps
 /// between them (caches, recurrent states, the position). `runtime::Session` drives a sequence
 /// only through this trait, so another way of running one (the ranks of a tensor-parallel
@@ -45,6 +68,48 @@ pub trait Executor {
         Ok(check_logits(row, false).map(|()| argmax(row)))
     }
 
+    /// As [`Executor::step`] for a program with imports and exports (the speculative trunk's
+    /// steps and the MTP draft's): `imports` by name, the exports returned. This default runs
+    /// programs without either.
+    fn step_with(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: Imports,
+    ) -> Result<StepOutput> {
+        if !program.imports.is_empty() || !program.exports.is_empty() || !imports.is_empty() {
+            return Err(crate::error::Error::Input(
+                "this executor runs no program with imports or exports (speculative decoding \
+                 runs on the CPU executor only so far)"
+                    .into(),
+            ));
+        }
+        let (logits, rows) = self.step(program, tokens)?;
+        Ok(StepOutput {
+            logits,
+            rows,
+            exports: Vec::new(),
+        })
+    }
+
+    /// Marks the current state as the one [`Executor::rewind`] returns to (a speculative round's
+    /// start), forgetting any earlier mark.
+    fn checkpoint(&mut self) -> Result<()> {
+        Err(crate::error::Error::Input(
+            "this executor keeps no checkpoints (speculative decoding runs on the CPU executor \
+             only so far)"
+                .into(),
+        ))
+    }
+
+    /// Returns the state towards `position`, between the last checkpoint's position and the
+    /// current one, and says where it got: `position` itself, or the checkpoint's where the
+    /// executor keeps no per-row states (the caller then reruns the tokens between).
+    fn rewind(&mut self, position: usize) -> Result<usize> {
+        let _ = position;
+        self.checkpoint().map(|()| self.position())
+    }
+
     /// Steps that replayed captured launches (CUDA graphs); 0 where nothing is captured.
     fn graph_replays(&self) -> usize {
         0
@@ -68,6 +133,20 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
         tokens: &[i64],
     ) -> Result<std::result::Result<u32, BadLogit>> {
         (**self).step_greedy(program, tokens)
+    }
+    fn step_with(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: Imports,
+    ) -> Result<StepOutput> {
+        (**self).step_with(program, tokens, imports)
+    }
+    fn checkpoint(&mut self) -> Result<()> {
+        (**self).checkpoint()
+    }
+    fn rewind(&mut self, position: usize) -> Result<usize> {
+        (**self).rewind(position)
     }
     fn graph_replays(&self) -> usize {
         (**self).graph_replays()

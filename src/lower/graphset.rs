@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::LowerError;
 use super::template::{Block, Fusion, Grouping, ModelDecl, Rule};
+use crate::rules::speculative::{self, SpecRule};
 use crate::rules::steps::{self, StepRule};
 
 /// Every graph file, as loaded and checked.
@@ -29,6 +30,9 @@ pub struct GraphSet {
     /// How many tokens a prefill step takes (`steps.ron`; optional in a `--graphs` directory:
     /// without it, every prefill is one step).
     pub steps: Vec<StepRule>,
+    /// Speculative decoding's cost model (`speculative.ron`; optional in a `--graphs`
+    /// directory: without it, rounds are priced by `SpecRule`'s defaults).
+    pub speculative: Vec<SpecRule>,
 }
 
 const MODEL_DIR: &str = "qwen4exp";
@@ -47,7 +51,7 @@ impl GraphSet {
     }
 
     /// Reads `dir/qwen4exp/*.ron`, `dir/fusions.ron`, `dir/rules.ron` and, when present,
-    /// `dir/groups.ron` and `dir/steps.ron`.
+    /// `dir/groups.ron`, `dir/steps.ron` and `dir/speculative.ron`.
     pub fn load_dir(dir: &Path) -> Result<GraphSet, LowerError> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).map_err(|e| LowerError::Io {
@@ -73,7 +77,7 @@ impl GraphSet {
             let p = dir.join(name);
             files.push((p.display().to_string(), read(&p)?));
         }
-        for name in ["groups.ron", "steps.ron"] {
+        for name in ["groups.ron", "steps.ron", "speculative.ron"] {
             let p = dir.join(name);
             if p.exists() {
                 files.push((p.display().to_string(), read(&p)?));
@@ -91,6 +95,7 @@ impl GraphSet {
         let mut groups = None;
         let mut rules = None;
         let mut step_rules = None;
+        let mut spec_rules = None;
         for (path, text) in files {
             let stem = Path::new(path)
                 .file_stem()
@@ -114,6 +119,11 @@ impl GraphSet {
                     steps::check(&parsed).map_err(|msg| LowerError::graph(path, msg))?;
                     step_rules = Some(parsed);
                 }
+                (false, "speculative") => {
+                    let parsed = parse::<Vec<SpecRule>>(path, text)?;
+                    speculative::check(&parsed).map_err(|msg| LowerError::graph(path, msg))?;
+                    spec_rules = Some(parsed);
+                }
                 _ => {}
             }
         }
@@ -126,6 +136,7 @@ impl GraphSet {
             groups: groups.unwrap_or_default(),
             rules: rules.unwrap_or_default(),
             steps: step_rules.unwrap_or_default(),
+            speculative: spec_rules.unwrap_or_default(),
         };
         set.check_references()?;
         Ok(set)

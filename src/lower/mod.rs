@@ -23,7 +23,7 @@ use crate::registry::{DeviceFacts, Placement, StorageFormats, WeightFormat};
 use crate::rules::RuleOverride;
 
 /// Which program of the model to lower.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ProgramKind {
     /// The model itself (`graphs/qwen4exp/model.ron`).
     #[default]

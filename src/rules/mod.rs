@@ -12,6 +12,7 @@
 //! variant, `--rule NAME=off` removes the rule. How many tokens a prefill step takes is chosen
 //! the same way, by the step rules of `graphs/steps.ron` ([`steps`]).
 
+pub mod speculative;
 pub mod steps;
 
 use std::collections::BTreeMap;

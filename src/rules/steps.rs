@@ -54,7 +54,7 @@ impl StepWhen {
     }
 
     /// Whether some session could satisfy both.
-    fn may_overlap(&self, other: &StepWhen) -> bool {
+    pub(crate) fn may_overlap(&self, other: &StepWhen) -> bool {
         let device = self.device.is_none() || other.device.is_none() || self.device == other.device;
         device && self.capacity.meets(&other.capacity)
     }

@@ -19,6 +19,59 @@ pub struct CheckedDir {
     pub resolved: Resolved,
     /// The decode program the contract was checked against.
     pub probe: Program,
+    /// Whether the model has an MTP draft head, and if not, why.
+    pub draft: DraftHead,
+}
+
+/// Whether a model can draft tokens for speculative decoding (its `mtp.*` head).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DraftHead {
+    /// The draft head's tensors were checked with the trunk's.
+    Present,
+    /// No draft: why (for `--speculative`'s error).
+    Absent(String),
+}
+
+impl DraftHead {
+    /// `Ok` with a draft head, else the error `--speculative` gives.
+    pub fn require(&self) -> Result<()> {
+        match self {
+            DraftHead::Present => Ok(()),
+            DraftHead::Absent(why) => Err(crate::error::Error::Input(format!(
+                "--speculative: speculative decoding is unavailable: {why}"
+            ))),
+        }
+    }
+}
+
+/// The prefix of the draft head's tensors in a checkpoint.
+pub const DRAFT_PREFIX: &str = "mtp.";
+
+/// The draft head's decode program where the model has one: the config declares its layers,
+/// the graph set composes it and the checkpoint holds `mtp.*` tensors (then every one the
+/// draft names is checked with the trunk's).
+fn draft_probe(
+    plan: &ModelPlan,
+    graphs: &GraphSet,
+    ckpt: &Checkpoint,
+) -> Result<(Option<Program>, DraftHead)> {
+    let absent = |why: &str| Ok((None, DraftHead::Absent(why.to_string())));
+    if !ckpt.names().any(|n| n.starts_with(DRAFT_PREFIX)) {
+        return absent("the checkpoint holds no MTP draft head (no `mtp.*` tensors)");
+    }
+    if plan.mtp_layers == 0 {
+        return absent(
+            "the config declares no MTP draft layers (mtp_num_hidden_layers), so the \
+             checkpoint's `mtp.*` tensors are left unused",
+        );
+    }
+    if graphs.draft.is_none() {
+        return absent("the graph set has no draft composition (qwen4exp/mtp.ron)");
+    }
+    let mut opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+    opts.kind = lower::ProgramKind::Draft;
+    let program = lower::lower(plan, graphs, &opts)?.program;
+    Ok((Some(program), DraftHead::Present))
 }
 
 /// What a checked checkpoint holds, in figures.
@@ -49,10 +102,19 @@ impl CheckedDir {
             &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
         )?
         .program;
+        let (draft_program, draft) = draft_probe(&plan, &graphs, &ckpt)?;
+        // The draft's own weights (the lm head and embeddings are the trunk's) are checked
+        // with the trunk's, so a missing or misshaped `mtp.*` tensor is named on load.
+        let mut expected = probe.weights.clone();
+        for w in draft_program.iter().flat_map(|p| &p.weights) {
+            if !expected.iter().any(|e| e.name == w.name) {
+                expected.push(w.clone());
+            }
+        }
         let resolved = weights::check_contract(
             &ckpt,
             &dir.display().to_string(),
-            &probe.weights,
+            &expected,
             &probe.consts,
             plan.moe.num_experts,
             quant.as_ref(),
@@ -63,6 +125,7 @@ impl CheckedDir {
             ckpt,
             resolved,
             probe,
+            draft,
         })
     }
 

@@ -9,14 +9,14 @@ use crate::exec::cuda::executor::{DeviceWeights, Instrumentation};
 use crate::exec::cuda::{self, Gpu};
 use crate::exec::Executor;
 use crate::ir::{LogitsMode, Phase, Program};
-use crate::lower::{self, GraphSet, LowerOptions};
+use crate::lower::{self, GraphSet, LowerOptions, ProgramKind};
 use crate::passes::schedule::RuleOverride;
 use crate::plan::ModelPlan;
 use crate::registry::{Placement, WeightFormat};
 use crate::weights::{self, Weights};
 
 use super::backend::{Backend, CudaBackend};
-use super::checked::{host_available_bytes, CheckedDir};
+use super::checked::{host_available_bytes, CheckedDir, DraftHead, DRAFT_PREFIX};
 use super::memory::MemoryPlan;
 
 /// How to load a model.
@@ -151,7 +151,53 @@ pub struct Model {
     /// Where the PLE n-gram table is kept (the device's memory, or the host's on CUDA).
     pub ple_table: Placement,
     options: ModelOptions,
-    programs: Mutex<HashMap<(Phase, usize, LogitsMode), Arc<Program>>>,
+    /// Whether the model drafts tokens for speculative decoding (its MTP head), or why not.
+    pub draft: DraftHead,
+    programs: Mutex<HashMap<ProgramKey, Arc<Program>>>,
+}
+
+/// Which lowered program of a model: `Model::program_for` lowers each once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProgramKey {
+    pub kind: ProgramKind,
+    pub phase: Phase,
+    pub tokens: usize,
+    pub logits: LogitsMode,
+    /// Whether a trunk program returns the final hyper state (the draft's seeds).
+    pub exports: bool,
+}
+
+impl ProgramKey {
+    /// The trunk's step of `tokens` (decode for one, prefill for more), without exports.
+    pub fn trunk(tokens: usize, logits: LogitsMode) -> ProgramKey {
+        ProgramKey {
+            kind: ProgramKind::Trunk,
+            phase: if tokens == 1 {
+                Phase::Decode
+            } else {
+                Phase::Prefill
+            },
+            tokens,
+            logits,
+            exports: false,
+        }
+    }
+
+    /// The draft head's step of `tokens` (it always exports its carrier).
+    pub fn draft(tokens: usize, logits: LogitsMode) -> ProgramKey {
+        ProgramKey {
+            kind: ProgramKind::Draft,
+            exports: true,
+            ..ProgramKey::trunk(tokens, logits)
+        }
+    }
+
+    pub fn with_exports(self) -> ProgramKey {
+        ProgramKey {
+            exports: true,
+            ..self
+        }
+    }
 }
 
 impl Model {
@@ -177,8 +223,15 @@ impl Model {
             ckpt,
             resolved,
             probe,
+            draft,
         } = checked;
         let mut model = Model::from_parts(plan, graphs, host_weights, options);
+        model.draft = match gpu {
+            Some(_) if draft == DraftHead::Present => DraftHead::Absent(
+                "the MTP draft head runs on the CPU executor only so far (--device cpu)".into(),
+            ),
+            _ => draft,
+        };
         model.stored_formats = stored_formats;
         model.weight_dtype = resolved.float_dtype.clone();
         model.unused_tensors = resolved.unused.clone();
@@ -243,7 +296,9 @@ impl Model {
         weights: Weights,
         options: ModelOptions,
     ) -> Model {
+        let draft = draft_in(&plan, &graphs, &weights);
         Model {
+            draft,
             plan,
             graphs,
             weights,
@@ -263,7 +318,15 @@ impl Model {
 
     /// The program for a step, lowered on first use.
     pub fn program(&self, phase: Phase, tokens: usize, logits: LogitsMode) -> Result<Arc<Program>> {
-        let key = (phase, tokens, logits);
+        self.program_for(ProgramKey {
+            phase,
+            ..ProgramKey::trunk(tokens, logits)
+        })
+    }
+
+    /// The program `key` names, lowered once for the model's backend and cached.
+    pub fn program_for(&self, key: ProgramKey) -> Result<Arc<Program>> {
+        let (phase, tokens, logits) = (key.phase, key.tokens, key.logits);
         if let Some(p) = self.programs.lock().expect("program cache lock").get(&key) {
             return Ok(p.clone());
         }
@@ -276,6 +339,8 @@ impl Model {
         );
         opts.expert_format = self.expert_format;
         opts.ple_table = self.ple_table;
+        opts.kind = key.kind;
+        opts.exports = key.exports;
         // Scheduled for the device the model is on (its arch and multiprocessors).
         if let Backend::Cuda(cuda) = &self.backend {
             opts.device_facts = Some(cuda.gpu.facts());
@@ -351,6 +416,22 @@ impl Model {
 }
 
 /// The GPU `device` asks for (none for the CPU), and why `Auto` fell back to the CPU if it did.
+/// Whether weights built in memory (`Model::from_parts`) hold a draft head the plan and graph
+/// set can run.
+fn draft_in(plan: &ModelPlan, graphs: &GraphSet, weights: &Weights) -> DraftHead {
+    let has = weights.names().any(|n| n.starts_with(DRAFT_PREFIX))
+        || weights.nvfp4_names().any(|n| n.starts_with(DRAFT_PREFIX));
+    if !has {
+        DraftHead::Absent("the weights hold no MTP draft head (no `mtp.*` tensors)".into())
+    } else if plan.mtp_layers == 0 {
+        DraftHead::Absent("the config declares no MTP draft layers (mtp_num_hidden_layers)".into())
+    } else if graphs.draft.is_none() {
+        DraftHead::Absent("the graph set has no draft composition (qwen4exp/mtp.ron)".into())
+    } else {
+        DraftHead::Present
+    }
+}
+
 fn pick_gpu(device: DeviceChoice) -> Result<(Option<Gpu>, Option<String>)> {
     Ok(match device {
         DeviceChoice::Cpu => (None, None),

@@ -66,10 +66,25 @@ impl Sampler {
     /// from: NaN (which `argmax` would pass over, or stop at at index 0), or, when sampling,
     /// +inf (its softmax is NaN).
     pub fn next(&mut self, logits: &[f32]) -> Result<u32, BadLogit> {
-        match self.sampling.clone() {
+        match self.sampling {
             Sampling::Greedy => {
                 check_logits(logits, false)?;
                 Ok(argmax(logits))
+            }
+            Sampling::Sample { .. } => {
+                let candidates = self.distribution(logits)?;
+                Ok(self.draw(&candidates))
+            }
+        }
+    }
+
+    /// What [`Sampler::next`] draws from: the candidate tokens with their probabilities
+    /// (summing to 1), largest first; greedy: the argmax with probability 1.
+    pub fn distribution(&self, logits: &[f32]) -> Result<Dist, BadLogit> {
+        match self.sampling {
+            Sampling::Greedy => {
+                check_logits(logits, false)?;
+                Ok(vec![(argmax(logits), 1.0)])
             }
             Sampling::Sample {
                 temperature,
@@ -78,20 +93,36 @@ impl Sampler {
                 ..
             } => {
                 check_logits(logits, true)?;
-                let candidates = filter(logits, temperature, top_k, top_p);
-                let r: f64 = self.rng.random::<f64>();
-                let mut acc = 0.0f64;
-                for &(id, p) in &candidates {
-                    acc += p;
-                    if r < acc {
-                        return Ok(id);
-                    }
-                }
-                Ok(candidates.last().map(|c| c.0).unwrap_or(0))
+                Ok(filter(logits, temperature, top_k, top_p))
             }
         }
     }
+
+    /// A token drawn from `dist` (one uniform of the stream).
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let r = self.uniform();
+        let mut acc = 0.0f64;
+        for &(id, p) in dist {
+            acc += p;
+            if r < acc {
+                return id;
+            }
+        }
+        dist.last().map(|c| c.0).unwrap_or(0)
+    }
+
+    /// The stream's next uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
+    pub fn sampling(&self) -> &Sampling {
+        &self.sampling
+    }
 }
+
+/// A distribution over token ids: the ids with a probability, largest first, summing to 1.
+pub type Dist = Vec<(u32, f64)>;
 
 /// A logit no token can be chosen from: `token` is its index in the row.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -38,7 +38,7 @@ fn step_note(step: &Option<usize>) -> String {
 
 /// What bounds a session's length (see [`Session::capacity`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Bound {
+pub(super) enum Bound {
     /// `max_position_embeddings`.
     Positions,
     /// `ModelOptions::context_capacity` (`--context`).
@@ -48,7 +48,7 @@ enum Bound {
 }
 
 impl Bound {
-    fn describe(self, limit: usize) -> String {
+    pub(super) fn describe(self, limit: usize) -> String {
         match self {
             Bound::Positions => format!("max_position_embeddings = {limit}"),
             Bound::Context => format!("--context {limit}"),
@@ -87,8 +87,8 @@ pub struct GenerateOptions {
 /// One sequence of a model, run by an executor `E` (by default the one the model's backend gives
 /// a new sequence; [`Session::with_executor`] takes any other).
 pub struct Session<'m, E = Box<dyn Executor + 'm>> {
-    model: &'m Model,
-    exec: E,
+    pub(super) model: &'m Model,
+    pub(super) exec: E,
 }
 
 impl Model {
@@ -132,7 +132,7 @@ impl<'m, E: Executor> Session<'m, E> {
     }
 
     /// [`Self::capacity`] and what sets it (ties: the explicit `--context` first).
-    fn limit(&self) -> (usize, Bound) {
+    pub(super) fn limit(&self) -> (usize, Bound) {
         let mut bounds = vec![(self.model.plan.max_position_embeddings, Bound::Positions)];
         if let Some(c) = self.model.options().context_capacity {
             bounds.insert(0, (c, Bound::Context));
@@ -146,7 +146,7 @@ impl<'m, E: Executor> Session<'m, E> {
             .expect("max_position_embeddings is always a bound")
     }
 
-    fn check_tokens(&self, ids: &[u32]) -> Result<()> {
+    pub(super) fn check_tokens(&self, ids: &[u32]) -> Result<()> {
         if ids.is_empty() {
             return Err(Error::Input("no tokens given".into()));
         }
@@ -211,7 +211,7 @@ impl<'m, E: Executor> Session<'m, E> {
     }
 
     /// The error for `bad`, a logit of the row of the last token processed.
-    fn logits_error(&self, bad: BadLogit, step: Option<usize>) -> Error {
+    pub(super) fn logits_error(&self, bad: BadLogit, step: Option<usize>) -> Error {
         LogitsError {
             position: self.position() - 1,
             step,
@@ -267,18 +267,9 @@ impl<'m, E: Executor> Session<'m, E> {
         Ok((data, rows, result))
     }
 
-    /// One token; its logits.
-    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>> {
-        Ok(self.prefill(&[id], LogitsMode::Last)?.data)
-    }
-
-    /// Prefills `prompt` and generates up to `max_new_tokens` tokens. Every new token but the
-    /// last is fed back, so the session must hold what it holds, the prompt and
-    /// `max_new_tokens - 1` tokens within [`Self::capacity`]: a request past it is refused
-    /// before any step runs, even one that an eos token might end early. A NaN logit is a
-    /// [`LogitsError`] naming its position and step.
-    pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<u32>> {
-        let mut sampler = Sampler::new(opts.sampling.clone())?;
+    /// Refuses a generation of `opts.max_new_tokens` after `prompt` that the session cannot
+    /// hold (every new token but the last is fed back), before anything runs.
+    pub(super) fn check_generation(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<()> {
         self.check_tokens(prompt)?;
         let held = self.position() + prompt.len();
         let (limit, bound) = self.limit();
@@ -298,6 +289,22 @@ impl<'m, E: Executor> Session<'m, E> {
                 limit - held + 1
             )));
         }
+        Ok(())
+    }
+
+    /// One token; its logits.
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>> {
+        Ok(self.prefill(&[id], LogitsMode::Last)?.data)
+    }
+
+    /// Prefills `prompt` and generates up to `max_new_tokens` tokens. Every new token but the
+    /// last is fed back, so the session must hold what it holds, the prompt and
+    /// `max_new_tokens - 1` tokens within [`Self::capacity`]: a request past it is refused
+    /// before any step runs, even one that an eos token might end early. A NaN logit is a
+    /// [`LogitsError`] naming its position and step.
+    pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Vec<u32>> {
+        let mut sampler = Sampler::new(opts.sampling.clone())?;
+        self.check_generation(prompt, opts)?;
         let mut out = Vec::new();
         if opts.max_new_tokens == 0 {
             return Ok(out);

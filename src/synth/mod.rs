@@ -243,10 +243,26 @@ fn encode(dtype: SynthDtype, v: &[f32]) -> Vec<u8> {
     }
 }
 
-/// A program of the plan: its weight table is the tensor contract.
+/// A program of the plan: its weight table is the tensor contract. Where the config declares
+/// MTP draft layers, the draft head's own weights follow the trunk's (so the trunk's values
+/// are those of a model without a head, drawn first from the same stream).
 fn contract_program(plan: &ModelPlan) -> Result<crate::ir::Program> {
+    let graphs = GraphSet::embedded()?;
     let opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
-    Ok(lower::lower(plan, &GraphSet::embedded()?, &opts)?.program)
+    let mut program = lower::lower(plan, &graphs, &opts)?.program;
+    if plan.mtp_layers > 0 {
+        let draft_opts = LowerOptions {
+            kind: lower::ProgramKind::Draft,
+            ..opts
+        };
+        let draft = lower::lower(plan, &graphs, &draft_opts)?.program;
+        for w in draft.weights {
+            if !program.weights.iter().any(|t| t.name == w.name) {
+                program.weights.push(w);
+            }
+        }
+    }
+    Ok(program)
 }
 
 /// Random weights for `plan`, in memory (the values `write` would store as f32).

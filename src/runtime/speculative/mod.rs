@@ -1,0 +1,416 @@
+//! Speculative decoding with the MTP draft head (spec mtp-spec-seams-graphs.md §A.4-A.5,
+//! §B.4-B.10). The draft is a second sequence on its own executor, running the draft programs
+//! (`graphs/qwen4exp/mtp.ron`); its row `r` pairs the trunk's final hyper state after position
+//! `r` (the trunk's `hidden` export) with the token at `r + 1`, and its logits there predict the
+//! token at `r + 2`.
+//!
+//! A round at trunk position `m` (the trunk has consumed `m` tokens, the draft `m` rows, `tip`
+//! is the last token emitted and not yet consumed, `tip_logits` the draft's prediction after
+//! it): draft `k` tokens by chaining one-row draft steps, each seeded by the previous step's
+//! `carrier`; verify `[tip, d_1..d_k]` in one trunk step of `k + 1` rows; keep the agreeing
+//! drafts ([`accept`]) and one token of the trunk's; rewind both sequences to what the kept rows
+//! leave (`Executor::checkpoint` / `rewind`, rerunning rows where the executor keeps no per-row
+//! state); the draft then consumes the kept tokens seeded by the verify's true hidden rows.
+//!
+//! Greedy output equals plain greedy decoding's wherever a step of many rows computes each row
+//! as a one-row step does (the CPU reference: tests/parity.rs checks it); sampled output is
+//! distributed as plain sampling's (rejection sampling), reproducible for a seed, though not
+//! the same tokens as plain sampling with that seed.
+
+pub mod accept;
+pub mod adapt;
+pub mod report;
+
+pub use report::SpecReport;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::ir::{LogitsMode, Program};
+use crate::rules::speculative::{self as cost_rules, SpecRule};
+use crate::rules::steps::StepFacts;
+
+use super::model::ProgramKey;
+use super::sampling::{argmax, check_logits, BadLogit, Dist, Sampler, Sampling};
+use super::session::{GenerateOptions, LogitsError, Session};
+use accept::Verdict;
+use adapt::AdaptiveK;
+
+/// The most drafts a round takes (`--spec-k`).
+pub const MAX_K: usize = 16;
+
+/// The trunk's export the draft is seeded by, and the draft's own (the next chained seed).
+const HIDDEN: &str = "hidden";
+const CARRIER: &str = "carrier";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecOptions {
+    /// The most drafts a round takes, 1..=[`MAX_K`] (`--spec-k`).
+    pub max_k: usize,
+    /// Each round's K from the measured acceptance (`adapt`); `false`: `max_k` every round.
+    pub adaptive: bool,
+}
+
+impl Default for SpecOptions {
+    fn default() -> Self {
+        SpecOptions {
+            max_k: 5,
+            adaptive: true,
+        }
+    }
+}
+
+impl SpecOptions {
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_K).contains(&self.max_k) {
+            return Err(Error::Input(format!(
+                "--spec-k {}: a round drafts 1 to {MAX_K} tokens",
+                self.max_k
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Cost figures for an executor no rule of `speculative.ron` covers: a round prices as k
+/// plain steps' worth of extra rows (drafting then pays only with every draft kept).
+const FALLBACK_COST: (f64, f64) = (0.7, 0.3);
+
+/// Every program a speculative generation runs, lowered before any step does (a lowering
+/// error changes nothing).
+struct Programs {
+    lowered: HashMap<ProgramKey, Arc<Program>>,
+}
+
+impl Programs {
+    fn get(&self, key: ProgramKey) -> &Program {
+        &self.lowered[&key]
+    }
+}
+
+/// The trunk's step of `rows` tokens that returns its hidden rows (every row's logits for a
+/// verify, the last one's for a prefill part).
+fn trunk_key(rows: usize, logits: LogitsMode) -> ProgramKey {
+    ProgramKey::trunk(rows, logits).with_exports()
+}
+
+/// The draft's step of `rows` pairs (the last row's logits).
+fn draft_key(rows: usize) -> ProgramKey {
+    ProgramKey::draft(rows, LogitsMode::Last)
+}
+
+/// The draft sequence: its executor and what its last step left.
+struct Draft<'m> {
+    exec: Box<dyn Executor + 'm>,
+    /// Its prediction after the last token it consumed.
+    logits: Vec<f32>,
+    /// Its final hyper state at that row (the next chained step's seed).
+    carrier: Vec<f32>,
+}
+
+impl Draft<'_> {
+    /// Consumes `tokens`, row `i` seeded by row `i` of `seeds`.
+    fn step(&mut self, program: &Program, tokens: &[u32], seeds: &[f32]) -> Result<()> {
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        let out = self.exec.step_with(program, &ids, &[(HIDDEN, seeds)])?;
+        let carrier = out
+            .export(CARRIER)
+            .ok_or_else(|| Error::Input("the draft program exports no `carrier`".into()))?;
+        let width = carrier.len() / tokens.len();
+        self.carrier = carrier[carrier.len() - width..].to_vec();
+        self.logits = out.logits;
+        Ok(())
+    }
+}
+
+/// The draft's choice from its logits: the argmax (greedy), or a draw from the sampler's
+/// distribution, with that distribution.
+fn draft_choice(sampler: &mut Sampler, logits: &[f32]) -> Result<(u32, Dist)> {
+    let dist = sampler.distribution(logits).map_err(draft_logits_error)?;
+    let id = match sampler.sampling() {
+        Sampling::Greedy => dist[0].0,
+        Sampling::Sample { .. } => sampler.draw(&dist),
+    };
+    Ok((id, dist))
+}
+
+fn draft_logits_error(bad: BadLogit) -> Error {
+    Error::Input(format!(
+        "the MTP draft head's logits hold {} at token id {}: the draft head's numbers broke down",
+        bad.value, bad.token
+    ))
+}
+
+impl<'m, E: Executor> Session<'m, E> {
+    /// As [`Session::generate`], drafting with the model's MTP head and verifying the drafts
+    /// in one trunk step a round. Refused before anything runs: a model without a draft head,
+    /// `spec.max_k` out of range, a session that is not empty, what `generate` refuses.
+    pub fn generate_speculative(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        spec: &SpecOptions,
+    ) -> Result<(Vec<u32>, SpecReport)> {
+        let start = Instant::now();
+        self.model.draft.require()?;
+        spec.validate()?;
+        let mut sampler = Sampler::new(opts.sampling.clone())?;
+        if self.position() != 0 {
+            return Err(Error::Input(format!(
+                "--speculative: the draft head is seeded from the prompt's prefill, so a \
+                 speculative generation starts from an empty session (this one holds {})",
+                self.position()
+            )));
+        }
+        self.check_generation(prompt, opts)?;
+        let mut report = SpecReport::new(spec.max_k);
+        if opts.max_new_tokens == 0 {
+            return Ok((Vec::new(), report));
+        }
+        let chunk = self
+            .prefill_chunk()
+            .unwrap_or(prompt.len())
+            .min(prompt.len());
+        if chunk == 0 {
+            return Err(Error::Input(
+                "ModelOptions::prefill_chunk is 0: a prefill step takes at least one token".into(),
+            ));
+        }
+        let programs = self.lower_speculative(prompt.len(), chunk, spec.max_k)?;
+        let cost = self.cost_rule();
+        let mut k_choice = AdaptiveK::new(spec.max_k, spec.adaptive, cost);
+        let mut draft = Draft {
+            exec: self.model.executor(),
+            logits: Vec::new(),
+            carrier: Vec::new(),
+        };
+        // Everything a caller can get wrong was checked above; the state changes only from here.
+
+        // Prefill: the trunk in parts, the draft one row behind it (row j needs the token at
+        // j + 1); the last part's row pairs with the first new token.
+        let mut out = Vec::new();
+        let mut draft_time = std::time::Duration::ZERO;
+        let parts: Vec<&[u32]> = prompt.chunks(chunk).collect();
+        let mut first = 0;
+        let mut tip = 0;
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let ids: Vec<i64> = part.iter().map(|&t| t as i64).collect();
+            let step = self.exec.step_with(
+                programs.get(trunk_key(part.len(), LogitsMode::Last)),
+                &ids,
+                &[],
+            )?;
+            let hidden = step
+                .export(HIDDEN)
+                .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))?;
+            let mut pairs: Vec<u32> =
+                prompt[first + 1..(first + part.len() + 1).min(prompt.len())].to_vec();
+            if last {
+                tip = sampler
+                    .next(&step.logits)
+                    .map_err(|bad| self.logits_error(bad, Some(0)))?;
+                pairs.push(tip);
+            }
+            let t = Instant::now();
+            draft.step(programs.get(draft_key(pairs.len())), &pairs, hidden)?;
+            draft_time += t.elapsed();
+            first += part.len();
+        }
+        report.prefill = start.elapsed() - draft_time;
+        report.draft += draft_time;
+        out.push(tip);
+
+        let model = self.model;
+        let eos = &model.plan.eos_token_ids;
+        let done = |out: &[u32]| {
+            out.len() >= opts.max_new_tokens
+                || (opts.stop_on_eos && out.last().is_some_and(|t| eos.contains(t)))
+        };
+        while !done(&out) {
+            let m = self.position();
+            let room = opts.max_new_tokens - out.len() - 1;
+            let k = k_choice.next_k(room);
+            if k == 0 {
+                // A plain step: nothing left to draft, or drafting stopped paying.
+                if k_choice.is_off() && report.spec_off_at.is_none() {
+                    report.spec_off_at = Some(out.len());
+                }
+                let t = Instant::now();
+                let program = self
+                    .model
+                    .program_for(ProgramKey::trunk(1, LogitsMode::Last))?;
+                let (logits, _) = self.exec.step(&program, &[tip as i64])?;
+                tip = sampler
+                    .next(&logits)
+                    .map_err(|bad| self.logits_error(bad, Some(out.len())))?;
+                report.verify += t.elapsed();
+                report.plain_steps += 1;
+                out.push(tip);
+                continue;
+            }
+
+            // Draft k tokens: the first from the draft's last prediction, each next one from a
+            // one-row step seeded by the previous step's carrier.
+            let t = Instant::now();
+            draft.exec.checkpoint()?;
+            let mut drafts = Vec::with_capacity(k);
+            let mut dists = Vec::with_capacity(k);
+            for j in 0..k {
+                if j > 0 {
+                    let seed = draft.carrier.clone();
+                    draft.step(programs.get(draft_key(1)), &[drafts[j - 1]], &seed)?;
+                }
+                let (id, dist) = draft_choice(&mut sampler, &draft.logits)?;
+                drafts.push(id);
+                dists.push(dist);
+            }
+            report.draft += t.elapsed();
+
+            // Verify [tip, d_1..d_k] in one step of k + 1 rows.
+            let t = Instant::now();
+            self.exec.checkpoint()?;
+            let mut chunk_ids = vec![tip];
+            chunk_ids.extend(&drafts);
+            let ids: Vec<i64> = chunk_ids.iter().map(|&t| t as i64).collect();
+            let verify =
+                self.exec
+                    .step_with(programs.get(trunk_key(k + 1, LogitsMode::All)), &ids, &[])?;
+            let vocab = verify.logits.len() / verify.rows;
+            let row = |i: usize| &verify.logits[i * vocab..(i + 1) * vocab];
+            let mut emitted = Vec::with_capacity(k + 1);
+            for i in 0..=k {
+                // A NaN is named at the row's position, as a plain step's would be.
+                let at_row = |bad: BadLogit| {
+                    Error::from(LogitsError {
+                        position: m + i,
+                        step: Some(out.len() + i),
+                        token: bad.token,
+                        value: bad.value,
+                    })
+                };
+                let p = match sampler.sampling() {
+                    Sampling::Greedy => {
+                        check_logits(row(i), false).map_err(at_row)?;
+                        vec![(argmax(row(i)), 1.0)]
+                    }
+                    Sampling::Sample { .. } => sampler.distribution(row(i)).map_err(at_row)?,
+                };
+                if i == k {
+                    // Every draft kept: the trunk's token after the last one.
+                    emitted.push(sampler.draw(&p));
+                    break;
+                }
+                let (u, v) = match sampler.sampling() {
+                    Sampling::Greedy => (0.0, 0.0),
+                    Sampling::Sample { .. } => (sampler.uniform(), sampler.uniform()),
+                };
+                match accept::judge(&p, &dists[i], drafts[i], u, v) {
+                    Verdict::Keep => emitted.push(drafts[i]),
+                    Verdict::Replace(id) => {
+                        emitted.push(id);
+                        break;
+                    }
+                }
+            }
+            report.verify += t.elapsed();
+            let kept = emitted.len() - 1;
+            report.round(k, kept);
+            k_choice.record(k, kept);
+
+            // What the generation takes of them: up to max_new_tokens, up to an eos.
+            let mut taken = 0;
+            for &id in &emitted {
+                out.push(id);
+                taken += 1;
+                if done(&out) {
+                    break;
+                }
+            }
+
+            // Rewind the trunk to the rows the taken tokens leave fed: the tip and each taken
+            // token but the last.
+            let t = Instant::now();
+            let keep = taken;
+            if keep < k + 1 {
+                let at = self.exec.rewind(m + keep)?;
+                if at < m + keep {
+                    let rerun = &ids[at - m..keep];
+                    self.exec.step_with(
+                        programs.get(trunk_key(rerun.len(), LogitsMode::All)),
+                        rerun,
+                        &[],
+                    )?;
+                }
+            }
+            report.rewind += t.elapsed();
+            tip = *out.last().expect("a round emits a token");
+            if done(&out) {
+                break;
+            }
+
+            // The draft drops its chained rows and consumes the kept tokens, seeded by the
+            // verify's true hidden rows m..m+kept.
+            let t = Instant::now();
+            let at = draft.exec.rewind(m)?;
+            debug_assert_eq!(at, m, "the draft's checkpoint is at the round's start");
+            let hidden = verify
+                .export(HIDDEN)
+                .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))?;
+            let width = hidden.len() / (k + 1);
+            draft.step(
+                programs.get(draft_key(kept + 1)),
+                &emitted,
+                &hidden[..(kept + 1) * width],
+            )?;
+            report.draft += t.elapsed();
+        }
+        out.truncate(opts.max_new_tokens);
+        report.tokens = out.len();
+        report.total = start.elapsed();
+        Ok((out, report))
+    }
+
+    /// Lowers every program a speculative generation of a `prompt_len` prompt in parts of
+    /// `chunk` runs, with rounds of up to `max_k` drafts.
+    fn lower_speculative(&self, prompt_len: usize, chunk: usize, max_k: usize) -> Result<Programs> {
+        let mut keys = vec![ProgramKey::trunk(1, LogitsMode::Last)];
+        let tail = prompt_len - (prompt_len - 1) / chunk * chunk;
+        for part in [chunk, tail] {
+            keys.push(trunk_key(part, LogitsMode::Last));
+            keys.push(draft_key(part));
+        }
+        for rows in 1..=max_k + 1 {
+            keys.push(trunk_key(rows, LogitsMode::All));
+            keys.push(draft_key(rows));
+        }
+        let mut lowered = HashMap::new();
+        for key in keys {
+            if let std::collections::hash_map::Entry::Vacant(e) = lowered.entry(key) {
+                e.insert(self.model.program_for(key)?);
+            }
+        }
+        Ok(Programs { lowered })
+    }
+
+    /// The cost model of `graphs/speculative.ron` for this session's executor.
+    fn cost_rule(&self) -> SpecRule {
+        let facts = StepFacts {
+            device: self.model.backend.device(),
+            capacity: self.capacity(),
+        };
+        cost_rules::choose(&self.model.graphs.speculative, &facts)
+            .cloned()
+            .unwrap_or_else(|| SpecRule {
+                name: "fallback".into(),
+                doc: "no rule of speculative.ron holds".into(),
+                when: Default::default(),
+                verify_row: FALLBACK_COST.0,
+                draft_step: FALLBACK_COST.1,
+                priority: 0,
+            })
+    }
+}
