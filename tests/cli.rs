@@ -812,3 +812,63 @@ fn a_closed_stderr_is_not_a_panic() {
         }
     }
 }
+
+/// `run --speculative` prints plain greedy's tokens and the report's lines on stderr; without a
+/// draft head, or with K out of range, it fails before generating, naming the cause.
+#[test]
+fn run_speculative_prints_plain_tokens_and_the_report() {
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            "models/tiny-qwen4exp-mtp",
+            "--prompt-ids",
+            "4,5,6,7,4,8",
+            "--max-new-tokens",
+            "20",
+            "--ignore-eos",
+        ];
+        a.extend(extra);
+        graphrun(&a)
+    };
+    let (ok, plain, stderr) = args(&[]);
+    assert!(ok, "{stderr}");
+    for extra in [
+        &["--speculative"][..],
+        &["--speculative", "--spec-k", "3", "--spec-fixed"],
+    ] {
+        let (ok, stdout, stderr) = args(extra);
+        assert!(ok, "{stderr}");
+        assert_eq!(stdout, plain, "{extra:?}");
+        assert!(stderr.contains("speculative: 20 tokens, "), "{stderr}");
+        assert!(stderr.contains("acceptance by draft position"), "{stderr}");
+        assert!(stderr.contains("tokens/s decoding"), "{stderr}");
+    }
+    let (ok, _, stderr) = args(&["--speculative", "--spec-k", "17"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--spec-k 17: a round drafts 1 to 16 tokens"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = graphrun(&[
+        "run",
+        "--model",
+        "models/tiny-qwen4exp",
+        "--prompt-ids",
+        "4,5",
+        "--speculative",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "speculative decoding is unavailable: the checkpoint holds no MTP draft head"
+        ),
+        "{stderr}"
+    );
+    let (ok, stdout, _) = graphrun(&["inspect", "--model", "models/tiny-qwen4exp-mtp"]);
+    assert!(ok);
+    assert!(
+        stdout.contains("draft head: MTP, 1 layer(s), checked with the trunk"),
+        "{stdout}"
+    );
+}

@@ -1677,3 +1677,67 @@ fn inf_in_a_bf16_weight_is_named() {
         )],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The MTP draft head
+// ---------------------------------------------------------------------------------------------
+
+/// A draft head's tensors are checked with the trunk's: a missing one and a misshaped one are
+/// named on load, by inspect and by run (with or without --speculative).
+#[test]
+fn draft_head_tensors_are_checked_and_named() {
+    let src = common::repo().join("models/tiny-qwen4exp-mtp");
+    let gone = "mtp.fc_hidden.weight";
+    let bent = "mtp.pre_fc_norm_hidden.weight";
+    let dir = copy_model(&src, "mtp-missing");
+    rewrite_tensors(&dir.join("model.safetensors"), |t| {
+        remove_tensors(t, &[gone])
+    });
+    assert_contains(&load_err(&dir), &[&format!("missing {gone}")]);
+    for extra in [&[][..], &["--speculative"][..]] {
+        let mut args = vec![
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6",
+        ];
+        args.extend(extra);
+        assert_fails(&graphrun(&args), &[&format!("missing {gone}")]);
+    }
+    let dir = copy_model(&src, "mtp-shape");
+    rewrite_tensors(&dir.join("model.safetensors"), |ts| {
+        let t = tensor_mut(ts, bent);
+        assert_eq!(t.shape, vec![256]);
+        t.shape = vec![64];
+        t.bytes = Cow::Owned(t.bytes[..64 * 4].to_vec());
+    });
+    let want = format!("{bent}: shape [64], expected [256]");
+    assert_contains(&load_err(&dir), &[&want]);
+    assert_fails(
+        &graphrun(&["inspect", "--model", dir.to_str().unwrap()]),
+        &[&want],
+    );
+}
+
+/// `mtp.*` tensors with a config that declares no draft layers load as the trunk alone, and
+/// `--speculative` says why it is unavailable.
+#[test]
+fn draft_head_without_its_config_field_is_unused_and_named() {
+    let dir = copy_model(
+        &common::repo().join("models/tiny-qwen4exp-mtp"),
+        "mtp-no-field",
+    );
+    edit_config(&dir, |c| {
+        c.remove("mtp_num_hidden_layers");
+    });
+    let out = assert_ok(&graphrun(&["inspect", "--model", dir.to_str().unwrap()]));
+    assert_contains(
+        &out,
+        &["draft head: none (the config declares no MTP draft layers"],
+    );
+    assert_fails(
+        &graphrun(&["run", "--model", dir.to_str().unwrap(), "--prompt-ids", "5,6", "--speculative"]),
+        &["--speculative: speculative decoding is unavailable: the config declares no MTP draft layers"],
+    );
+}

@@ -339,3 +339,86 @@ fn g_statistic(p: &[(u32, f64)], seen: &[u32]) -> (f64, usize) {
     }
     (g, p.len() - 1)
 }
+
+/// The draft's input fusion as the spec writes it (mtp-spec-seams-graphs.md §A.3), computed
+/// here in plain loops: `ev = fc_embedding · rms(e)(1 + w)`, one RMS over all `C·H` values of
+/// the trunk's state, `fc_hidden` on each stream, `h_s = f_s + ev`; and the program's other
+/// export, `carrier`, is the state its exit mixer reads (the row's final planes), of the same
+/// width as the trunk's `hidden`.
+#[test]
+fn the_draft_fuses_embedding_and_trunk_state_as_specified() {
+    use graphrun::exec::cpu::{self, Val};
+    use graphrun::exec::SessionState;
+    use graphrun::runtime::model::ProgramKey;
+    let model = Model::load(
+        &common::repo().join("models/tiny-qwen4exp-mtp"),
+        ModelOptions::default(),
+    )
+    .unwrap();
+    let (h, c) = (model.plan.hidden_size, model.plan.hc.count);
+    let program = model
+        .program_for(ProgramKey::draft(2, LogitsMode::Last))
+        .unwrap();
+    let tokens = [4i64, 9];
+    let hidden: Vec<f32> = (0..2 * c * h)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+        .collect();
+    let mut state = SessionState::default();
+    let got = cpu::run_values_with(
+        &program,
+        &model.weights,
+        &mut state,
+        &tokens,
+        &[("hidden", &hidden)],
+        &["fuse.h"],
+    )
+    .unwrap();
+    let Val::F32 { data: fused, .. } = &got["fuse.h"] else {
+        panic!()
+    };
+    let w = |n: &str| model.weights.get(n).unwrap().data.clone();
+    let eps = model.plan.rms_norm_eps;
+    let rms = |x: &[f32], w: &[f32]| -> Vec<f32> {
+        let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt();
+        x.iter().zip(w).map(|(v, w)| v * inv * (1.0 + w)).collect()
+    };
+    let matvec = |m: &[f32], x: &[f32]| -> Vec<f32> {
+        m.chunks(x.len())
+            .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    };
+    let embed = w("model.embed_tokens.weight");
+    let mut worst = 0.0f32;
+    for (r, &t) in tokens.iter().enumerate() {
+        let e = &embed[t as usize * h..(t as usize + 1) * h];
+        let ev = matvec(
+            &w("mtp.fc_embedding.weight"),
+            &rms(e, &w("mtp.pre_fc_norm_embedding.weight")),
+        );
+        let hn = rms(
+            &hidden[r * c * h..(r + 1) * c * h],
+            &w("mtp.pre_fc_norm_hidden.weight"),
+        );
+        for s in 0..c {
+            let f = matvec(&w("mtp.fc_hidden.weight"), &hn[s * h..(s + 1) * h]);
+            for i in 0..h {
+                let want = f[i] + ev[i];
+                let g = fused[r * c * h + s * h + i];
+                worst = worst.max((g - want).abs() / want.abs().max(1.0));
+            }
+        }
+    }
+    assert!(worst < 1e-5, "fused rows differ from the spec's by {worst}");
+    let mut state = SessionState::default();
+    let out = cpu::run_step(
+        &program,
+        &model.weights,
+        &mut state,
+        &tokens,
+        &[("hidden", &hidden)],
+    )
+    .unwrap();
+    assert_eq!(out.export("carrier").unwrap().len(), 2 * c * h);
+    assert_eq!(out.rows, 1);
+    assert_eq!(state.position, 2);
+}

@@ -12,7 +12,9 @@ use graphrun::lower::{self, GraphSet, LowerOptions};
 use graphrun::passes::schedule::RuleOverride;
 use graphrun::plan::ModelPlan;
 use graphrun::registry::{DeviceFacts, WeightFormat};
-use graphrun::runtime::{DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling};
+use graphrun::runtime::{
+    DeviceChoice, GenerateOptions, Model, ModelOptions, Sampling, SpecOptions,
+};
 use graphrun::synth::{self, SynthDtype, SynthOptions};
 use graphrun::{stderr, Error};
 
@@ -192,6 +194,17 @@ struct RunArgs {
     /// Keep generating after an eos token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Speculative decoding with the model's MTP draft head: the same tokens as plain greedy
+    /// decoding (or, sampled, the same distribution), its report on stderr.
+    #[arg(long)]
+    speculative: bool,
+    /// The most tokens a speculative round drafts (1 to 16).
+    #[arg(long, default_value_t = 5, requires = "speculative")]
+    spec_k: usize,
+    /// Draft --spec-k tokens every round, rather than choosing each round's K by the measured
+    /// acceptance.
+    #[arg(long, requires = "speculative")]
+    spec_fixed: bool,
     #[command(flatten)]
     schedule: Schedule,
     #[command(flatten)]
@@ -411,6 +424,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 },
             };
             sampling.validate()?;
+            let spec = a.speculative.then_some(SpecOptions {
+                max_k: a.spec_k,
+                adaptive: !a.spec_fixed,
+            });
+            if let Some(spec) = &spec {
+                spec.validate()?;
+            }
             let tokenizer = match &a.prompt {
                 Some(_) => Some(load_tokenizer(&a.model)?),
                 None => None,
@@ -441,7 +461,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 sampling,
                 stop_on_eos: !a.ignore_eos,
             };
-            let out = model.session().generate(&prompt, &opts)?;
+            let out = match &spec {
+                Some(spec) => {
+                    let (out, report) =
+                        model.session().generate_speculative(&prompt, &opts, spec)?;
+                    stderr::line(format_args!("{report}"));
+                    out
+                }
+                None => model.session().generate(&prompt, &opts)?,
+            };
             if let Some(tok) = &tokenizer {
                 let text = tok.decode(&out, false).map_err(|e| Error::Tokenizer {
                     path: a.model.join("tokenizer.json").display().to_string(),
@@ -547,13 +575,26 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     names.first().map_or("", |n| n.as_str())
                 ))?;
             }
+            print_line(&match &checked.draft {
+                graphrun::runtime::checked::DraftHead::Present => format!(
+                    "draft head: MTP, {} layer(s), checked with the trunk: --speculative available",
+                    checked.plan.mtp_layers
+                ),
+                graphrun::runtime::checked::DraftHead::Absent(why) => {
+                    format!("draft head: none ({why})")
+                }
+            })?;
             if !summary.unused.is_empty() {
                 let shown: Vec<&str> = summary.unused.iter().take(8).map(|s| s.as_str()).collect();
                 print_line(&format!(
-                    "checkpoint: {} tensor(s) not used by the text model (mtp.*, model.visual.*, ...): {}{}",
+                    "checkpoint: {} tensor(s) not used by the model (model.visual.*, ...): {}{}",
                     summary.unused.len(),
                     shown.join(", "),
-                    if summary.unused.len() > 8 { ", ..." } else { "" }
+                    if summary.unused.len() > 8 {
+                        ", ..."
+                    } else {
+                        ""
+                    }
                 ))?;
             }
         }

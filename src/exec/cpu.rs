@@ -111,6 +111,18 @@ pub fn run_values(
     run_observed(program, weights, state, tokens, &[], keep, None)
 }
 
+/// [`run_values`] for a program with imports.
+pub fn run_values_with(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    imports: Imports,
+    keep: &[&str],
+) -> Result<HashMap<String, Val>, ExecError> {
+    run_observed(program, weights, state, tokens, imports, keep, None)
+}
+
 /// What one node of a step read and wrote: the parity loop over the CUDA kernels
 /// (tests/gpu_parity.rs) runs each CUDA variant of the node on these inputs and states and
 /// compares it with these outputs.
