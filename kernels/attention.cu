@@ -1,6 +1,8 @@
 // RoPE, the QSA indexer's block selection and attention over the KV cache (src/ops/rope.rs,
 // src/ops/indexer.rs, src/ops/attention.rs are the reference).
 //
+// Rotations happen at a row's position plus `rope_offset` (the program's `Consts::rope_offset`:
+// the MTP draft's rows are rotated one past their cache rows); cache rows are not shifted.
 // Conventions (docs/cuda-plan.md): the step's start position is read from `step[0]` on the
 // device; the launch geometry depends only on the step's row count and fixed capacities. Cache
 // rows at or past `capacity` are never written or read (the caller checks `start + rows <=
@@ -42,7 +44,7 @@ __device__ __forceinline__ float rope_channel(const float* h, int j, int rot, fl
 
 // x, y [rows, width], width a multiple of head_dim; row t at position step[0] + t.
 extern "C" __global__ void rope_reference_f32(float* y, const float* x, const long long* step, long rows, long width,
-                                              int head_dim, int rot, double theta) {
+                                              int head_dim, int rot, double theta, long long rope_offset) {
     wait_for_producers();
     const long long start = step[0];
     const int half = rot >> 1;
@@ -53,7 +55,7 @@ extern "C" __global__ void rope_reference_f32(float* y, const float* x, const lo
             y[e] = x[e];
         } else {
             float c, s;
-            rope_angle(start + t, j < half ? j : j - half, rot, theta, &c, &s);
+            rope_angle(start + t + rope_offset, j < half ? j : j - half, rot, theta, &c, &s);
             y[e] = rope_channel(x + (e - j), j, rot, c, s);
         }
     }
@@ -134,7 +136,7 @@ __device__ __forceinline__ void norm_rope_head(float* ys, const float* xs, const
 #define NORM_ROPE_MAX_DIM 1024
 
 extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* w, const long long* step, long rows,
-                                         long width, int head_dim, int rot, long w_len, float eps, double theta) {
+                                         long width, int head_dim, int rot, long w_len, float eps, double theta, long long rope_offset) {
     wait_for_producers();
     __shared__ float hn[NORM_ROPE_MAX_DIM];
     const long long start = step[0];
@@ -142,7 +144,8 @@ extern "C" __global__ void norm_rope_f32(float* y, const float* x, const float* 
     for (long b = blockIdx.x; b < rows * heads; b += gridDim.x) {
         const long t = b / heads, h = b - t * heads;
         const long at = t * width + h * head_dim;
-        norm_rope_head(y + at, x + at, w_len == head_dim ? w : w + h * head_dim, hn, head_dim, rot, start + t, eps,
+        norm_rope_head(y + at, x + at, w_len == head_dim ? w : w + h * head_dim, hn, head_dim, rot,
+                       start + t + rope_offset, eps,
                        theta);
     }
 }
@@ -163,7 +166,7 @@ extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache,
                                                        const float* k_raw, const float* v, const float* q_w,
                                                        const float* k_w, const long long* step, long rows, int heads,
                                                        int kv_heads, int head_dim, int rot, long q_w_len,
-                                                       long k_w_len, float eps, double theta, long capacity) {
+                                                       long k_w_len, float eps, double theta, long capacity, long long rope_offset) {
     wait_for_producers();
     __shared__ float hn[NORM_ROPE_MAX_DIM];
     const long long start = step[0];
@@ -174,7 +177,7 @@ extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache,
         if (h < heads) {
             const float* w = q_w_len == head_dim ? q_w : q_w + h * head_dim;
             norm_rope_head(q + (t * heads + h) * head_dim, qg + (t * heads + h) * 2 * head_dim, w, hn, head_dim, rot,
-                           start + t, eps, theta);
+                           start + t + rope_offset, eps, theta);
         } else {
             const long g = h - heads;
             const long src = t * kw + g * head_dim;
@@ -199,7 +202,7 @@ extern "C" __global__ void gated_attention_prepare_f32(float* q, float* k_cache,
             for (int c = threadIdx.x + NORM_ROPE_HELD * blockDim.x; c < head_dim; c += blockDim.x) {
                 v_cache[dst + c] = v[src + c];
             }
-            norm_rope_head_held(held, k_cache + dst, k_raw + src, w, hn, head_dim, rot, r, eps, theta);
+            norm_rope_head_held(held, k_cache + dst, k_raw + src, w, hn, head_dim, rot, r + rope_offset, eps, theta);
         }
     }
 }
@@ -312,7 +315,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
                                                    const float* k_raw, const float* w, const long long* step, long rows,
                                                    int head_dim, int rot, int block, float eps, double theta, long nb,
                                                    long capacity, long slots, long k_stride, float* q_out,
-                                                   const float* q_in, const float* q_w, long q_stride, int q_heads) {
+                                                   const float* q_in, const float* q_w, long q_stride, int q_heads, long long rope_offset) {
     wait_for_producers();
     extern __shared__ float key[];
     __shared__ float inv_shared;
@@ -321,7 +324,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
     if (blockIdx.x >= gridDim.x - q_blocks) {
         const long b = blockIdx.x - (gridDim.x - q_blocks), t = b / q_heads, h = b - t * q_heads;
         norm_rope_head(q_out + (t * q_heads + h) * head_dim, q_in + t * q_stride + h * head_dim, q_w, key, head_dim,
-                       rot, start + t, eps, theta);
+                       rot, start + t + rope_offset, eps, theta);
         return;
     }
     if (blockIdx.x >= slots) {
@@ -363,7 +366,7 @@ extern "C" __global__ void indexer_select_prep_f32(float* raw_keys, float* poole
             v[o] = o >= block ? 0.0f : r >= start ? k_raw[(r - start) * k_stride + c] : raw_keys[r * head_dim + c];
         }
         float cs = 1.0f, sn = 0.0f;
-        if (c < rot) rope_angle(b * block, c < half ? c : c - half, rot, theta, &cs, &sn);
+        if (c < rot) rope_angle(b * block + rope_offset, c < half ? c : c - half, rot, theta, &cs, &sn);
         angle_c[c] = cs;
         angle_s[c] = sn;
         float m = 0.0f;

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
 # gpu_real_parity skips unless GRAPHRUN_REAL_PARITY names its fixture (scripts/gpu_real_parity.sh).
-TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_nvfp4 gpu_parity gpu_e2e gpu_real_parity)
+TESTS=(gpu_kernels gpu_layout gpu_gdn gpu_attention gpu_moe gpu_nvfp4 gpu_parity gpu_e2e gpu_speculative gpu_real_parity)
 if [ -n "${ONLY:-}" ]; then read -r -a TESTS <<<"$ONLY"; fi
 
 case "${1:-}" in

@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 pub mod linear_sweep;
+pub mod speculative;
 
 mod bytes;
 mod profile;

@@ -103,6 +103,20 @@ struct BenchArgs {
     /// graph (kernels built with the trace's records: a few clock reads and one atomic a launch).
     #[arg(long)]
     trace: bool,
+    /// Time speculative decoding's steps instead (a plain decode step, verify steps of 2 to
+    /// --spec-rows rows, draft steps, a checkpoint and a rewind, at the largest of --contexts)
+    /// and model the tokens/s they give at --acceptances.
+    #[arg(long)]
+    speculative: bool,
+    #[arg(long, default_value_t = 8, requires = "speculative")]
+    spec_rows: usize,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.6,0.75,0.85",
+        requires = "speculative"
+    )]
+    acceptances: Vec<f64>,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -631,6 +645,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 path: a.config.display().to_string(),
                 msg: e.to_string(),
             })?;
+            if a.speculative {
+                let opts = graphrun::bench::speculative::SpecBenchOptions {
+                    layers: a.layers,
+                    experts: a.experts,
+                    context: a.contexts.iter().copied().max().unwrap_or(1024),
+                    steps: a.decode_steps.max(1),
+                    max_rows: a.spec_rows,
+                    acceptances: a.acceptances.clone(),
+                    ple_vocab_base: a.ple_vocab_base,
+                    seed: a.seed,
+                };
+                let origin = a.config.display().to_string();
+                let report = graphrun::bench::speculative::run(&text, &origin, &opts)?;
+                print_line(&report.to_string())?;
+                if let Some(path) = &a.json {
+                    let json =
+                        serde_json::to_string_pretty(&report).expect("a report always serialises");
+                    std::fs::write(path, json).map_err(|e| Error::Io {
+                        path: path.display().to_string(),
+                        msg: e.to_string(),
+                    })?;
+                }
+                return Ok(());
+            }
             let opts = graphrun::bench::BenchOptions {
                 layers: a.layers,
                 experts: a.experts,

@@ -21,6 +21,8 @@ pub struct CheckedDir {
     pub probe: Program,
     /// Whether the model has an MTP draft head, and if not, why.
     pub draft: DraftHead,
+    /// The draft head's decode program, where it has one.
+    pub draft_probe: Option<Program>,
 }
 
 /// Whether a model can draft tokens for speculative decoding (its `mtp.*` head).
@@ -42,6 +44,22 @@ impl DraftHead {
             ))),
         }
     }
+}
+
+/// `trunk` with the nodes and weights of `draft` appended where it has one: what the device
+/// keeps weights for (the scans of nodes and weights that decide how each weight is stored see
+/// both programs).
+pub fn with_draft_weights(trunk: &Program, draft: Option<&Program>) -> Program {
+    let mut both = trunk.clone();
+    if let Some(d) = draft {
+        both.nodes.extend(d.nodes.iter().cloned());
+        for w in &d.weights {
+            if !both.weights.iter().any(|t| t.name == w.name) {
+                both.weights.push(w.clone());
+            }
+        }
+    }
+    both
 }
 
 /// The prefix of the draft head's tensors in a checkpoint.
@@ -106,7 +124,7 @@ impl CheckedDir {
         // The draft's own weights (the lm head and embeddings are the trunk's) are checked
         // with the trunk's, so a missing or misshaped `mtp.*` tensor is named on load.
         let mut expected = probe.weights.clone();
-        for w in draft_program.iter().flat_map(|p| &p.weights) {
+        for w in draft_program.iter().flat_map(|p: &Program| &p.weights) {
             if !expected.iter().any(|e| e.name == w.name) {
                 expected.push(w.clone());
             }
@@ -126,6 +144,7 @@ impl CheckedDir {
             resolved,
             probe,
             draft,
+            draft_probe: draft_program,
         })
     }
 

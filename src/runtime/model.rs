@@ -224,14 +224,12 @@ impl Model {
             resolved,
             probe,
             draft,
+            draft_probe,
         } = checked;
         let mut model = Model::from_parts(plan, graphs, host_weights, options);
-        model.draft = match gpu {
-            Some(_) if draft == DraftHead::Present => DraftHead::Absent(
-                "the MTP draft head runs on the CPU executor only so far (--device cpu)".into(),
-            ),
-            _ => draft,
-        };
+        model.draft = draft;
+        // The device keeps the draft head's weights beside the trunk's.
+        let probe = super::checked::with_draft_weights(&probe, draft_probe.as_ref());
         model.stored_formats = stored_formats;
         model.weight_dtype = resolved.float_dtype.clone();
         model.unused_tensors = resolved.unused.clone();
@@ -274,8 +272,22 @@ impl Model {
             &graphs,
             &LowerOptions::new(Phase::Decode, 1, LogitsMode::Last),
         )?;
+        // With a draft head where the config declares one (and the graph set composes it).
+        let draft = match (plan.mtp_layers, &graphs.draft) {
+            (0, _) | (_, None) => None,
+            _ => {
+                let mut opts = LowerOptions::new(Phase::Decode, 1, LogitsMode::Last);
+                opts.kind = ProgramKind::Draft;
+                Some(lower::lower(&plan, &graphs, &opts)?.program)
+            }
+        };
+        let mut probe = probe;
+        probe.program = super::checked::with_draft_weights(&probe.program, draft.as_ref());
         let nvfp4 = experts == WeightFormat::Nvfp4;
         let mut model = Model::from_parts(plan, graphs, Weights::new(), options);
+        if draft.is_some() {
+            model.draft = DraftHead::Present;
+        }
         model.weight_dtype = "bf16".into();
         model.expert_format = nvfp4.then_some(WeightFormat::Nvfp4);
         let program = &probe.program;

@@ -45,8 +45,13 @@ enum DevState {
 /// Step shapes whose arenas and graphs a sequence keeps before it forgets its prefill shapes.
 const MAX_STEP_SHAPES: usize = 16;
 
-/// Which step a captured graph computes.
-type GraphKey = (Phase, usize, LogitsMode);
+/// Which step a captured graph computes: its phase, rows and logits, and whether it takes
+/// imports or returns exports (a speculative trunk step's arena differs from a plain one's).
+type GraphKey = (Phase, usize, LogitsMode, bool);
+
+/// Step shapes of at most this many rows are kept whatever prefill comes (a speculative
+/// session's verify steps of 2 to 17 rows, whose arenas are small).
+const FEW_ROWS: usize = 17;
 
 /// The buffers a step reads and writes outside its kernels, at fixed addresses so that a
 /// captured graph replays with whatever the host wrote into them.
@@ -73,6 +78,11 @@ struct StepIo {
     /// By node index, the buffer a node that starts on the host fills before the step and its
     /// kernels copy from (`host_steps`).
     host_rows: HashMap<usize, CudaSlice<f32>>,
+    /// The program's imports, in its order: the buffer the host writes each into before the
+    /// step (the first segment copies it into its arena slot, as it does the tokens), the slot.
+    imports: Vec<(CudaSlice<f32>, Slot)>,
+    /// The program's exports, in its order: the buffer the last segment copies each into.
+    exports: Vec<CudaSlice<f32>>,
 }
 
 impl StepIo {
@@ -125,6 +135,19 @@ impl StepIo {
                     .collect()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let imports = program
+            .imports
+            .iter()
+            .map(|i| Ok((gpu.zeros(rows_in * i.width, &i.name)?, slot(&i.name)?)))
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        let exports = program
+            .exports
+            .iter()
+            .map(|e| {
+                let v = info(&e.value)?;
+                gpu.zeros(v.rows * v.width, &e.name)
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
         let mut host_rows = HashMap::new();
         for (i, n) in program.nodes.iter().enumerate() {
             if crate::registry::cuda::runs_on_host(&n.kernels) {
@@ -134,6 +157,8 @@ impl StepIo {
         }
         Ok(StepIo {
             host_rows,
+            imports,
+            exports,
             step: gpu.zeros(1, "the step position")?,
             tokens: gpu.zeros(rows_in, "the step's tokens")?,
             logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
@@ -164,6 +189,11 @@ struct DeviceState {
     host_step_s: f64,
     /// The prefill shape used last.
     last_prefill: Option<GraphKey>,
+    /// The `Append` states: their rows past the position are stale, never read, so a rewind
+    /// leaves them be.
+    appended: std::collections::HashSet<String>,
+    /// The other states and the position at the last `Executor::checkpoint`.
+    checkpoint: Option<(usize, HashMap<String, DevState>)>,
 }
 
 impl DeviceState {
@@ -177,6 +207,8 @@ impl DeviceState {
             replays: 0,
             host_step_s: 0.0,
             last_prefill: None,
+            appended: Default::default(),
+            checkpoint: None,
         }
     }
 
@@ -208,6 +240,7 @@ impl DeviceState {
                 }
                 StateKind::Zeros { len } => DevState::F32(gpu.zeros(*len, &s.name)?),
                 StateKind::Append { width } => {
+                    self.appended.insert(s.name.clone());
                     DevState::F32(gpu.zeros(self.capacity * width, &s.name)?)
                 }
                 StateKind::Tokens { len } => DevState::I64(gpu.upload(&vec![eos; *len], &s.name)?),
@@ -342,6 +375,7 @@ impl<'d> CudaExecutor<'d> {
         &mut self,
         program: &Program,
         tokens: &[i64],
+        imports: crate::exec::Imports,
     ) -> Result<(GraphKey, bool), CudaError> {
         self.forget_stale_graphs();
         let (gpu, weights) = (self.gpu, self.weights);
@@ -349,13 +383,38 @@ impl<'d> CudaExecutor<'d> {
         let opts = &mut self.instrumentation;
         let rows_in = tokens.len();
         let start = state.position;
-        if !program.imports.is_empty()
-            || !program.exports.is_empty()
-            || program.consts.rope_offset != 0
+        // Every import given at its size, and nothing else, before anything runs.
+        let mut given = Vec::with_capacity(program.imports.len());
+        for import in &program.imports {
+            let data = imports
+                .iter()
+                .find(|(n, _)| *n == import.name)
+                .map(|(_, d)| *d)
+                .ok_or_else(|| CudaError::Shape {
+                    kernel: "session".into(),
+                    msg: format!("import `{}`: not given", import.name),
+                })?;
+            if data.len() != rows_in * import.width {
+                return Err(CudaError::Shape {
+                    kernel: "session".into(),
+                    msg: format!(
+                        "import `{}`: {} values given, {} expected ({rows_in} rows of {})",
+                        import.name,
+                        data.len(),
+                        rows_in * import.width,
+                        import.width
+                    ),
+                });
+            }
+            given.push(data);
+        }
+        if let Some((name, _)) = imports
+            .iter()
+            .find(|(n, _)| !program.imports.iter().any(|i| i.name == *n))
         {
             return Err(CudaError::Shape {
                 kernel: "session".into(),
-                msg: "a program with imports, exports or a rotation offset (the MTP draft head, a speculative trunk) runs on the CPU only so far".into(),
+                msg: format!("import `{name}`: the program takes no such import"),
             });
         }
         if start + rows_in > state.capacity {
@@ -369,7 +428,8 @@ impl<'d> CudaExecutor<'d> {
             });
         }
         state.ensure(gpu, program)?;
-        let key: GraphKey = (program.phase, program.tokens, program.logits);
+        let io_values = !program.imports.is_empty() || !program.exports.is_empty();
+        let key: GraphKey = (program.phase, program.tokens, program.logits, io_values);
         let first_use = !state.io.contains_key(&key);
         if first_use {
             // Prompts of many lengths would each keep an arena and a graph: a new prefill shape
@@ -377,7 +437,9 @@ impl<'d> CudaExecutor<'d> {
             // the memory plan counts two), and too many shapes forget every prefill one.
             let last = state.last_prefill;
             let keep = |k: &GraphKey| {
-                k.0 != Phase::Prefill || (key.0 == Phase::Prefill && Some(*k) == last)
+                k.0 != Phase::Prefill
+                    || k.1 <= FEW_ROWS
+                    || (key.0 == Phase::Prefill && Some(*k) == last)
             };
             if key.0 == Phase::Prefill || state.io.len() >= MAX_STEP_SHAPES {
                 state.io.retain(|k, _| keep(k));
@@ -394,6 +456,11 @@ impl<'d> CudaExecutor<'d> {
             gpu.stream
                 .memcpy_htod(tokens, &mut io.tokens)
                 .map_err(|e| CudaError::driver("writing the step's tokens", None, e))?;
+            for (data, (buf, _)) in given.iter().zip(io.imports.iter_mut()) {
+                gpu.stream
+                    .memcpy_htod(*data, buf)
+                    .map_err(|e| CudaError::driver("writing the step's imports", None, e))?;
+            }
             let started = std::time::Instant::now();
             host_steps::run(gpu, program, weights, &mut state.bufs, io, tokens)?;
             state.host_step_s = started.elapsed().as_secs_f64();
@@ -461,7 +528,7 @@ impl<'d> CudaExecutor<'d> {
             record(gpu, program, weights, state, opts, key, false)?;
         }
         state.position += rows_in;
-        if key.0 == Phase::Prefill {
+        if key.0 == Phase::Prefill && key.1 > FEW_ROWS {
             state.last_prefill = Some(key);
         }
         Ok((key, replayed))
@@ -485,7 +552,7 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         let entered = std::time::Instant::now();
         let gpu = self.gpu;
         let _step = gpu.lock_step();
-        let (key, replayed) = self.launch_step(program, tokens)?;
+        let (key, replayed) = self.launch_step(program, tokens, &[])?;
         let io = &self.state.io[&key];
         let host_times = &mut self.instrumentation.host_times;
         let host_step_s = self.state.host_step_s;
@@ -493,6 +560,35 @@ impl crate::exec::Executor for CudaExecutor<'_> {
             gpu.download(&io.logits, "logits")
         })?;
         Ok((data, io.logits_rows))
+    }
+
+    fn step_with(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: crate::exec::Imports,
+    ) -> crate::error::Result<crate::exec::StepOutput> {
+        let entered = std::time::Instant::now();
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let (key, replayed) = self.launch_step(program, tokens, imports)?;
+        let io = &self.state.io[&key];
+        let host_times = &mut self.instrumentation.host_times;
+        let host_step_s = self.state.host_step_s;
+        let logits = read_out(gpu, host_times, replayed, entered, host_step_s, |gpu| {
+            gpu.download(&io.logits, "logits")
+        })?;
+        let exports = program
+            .exports
+            .iter()
+            .zip(&io.exports)
+            .map(|(e, buf)| Ok((e.name.clone(), gpu.download(buf, &e.name)?)))
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        Ok(crate::exec::StepOutput {
+            logits,
+            rows: io.logits_rows,
+            exports,
+        })
     }
 
     /// The index of the largest logit of the step's last row (`runtime::sampling::argmax`'s
@@ -506,7 +602,7 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         let entered = std::time::Instant::now();
         let gpu = self.gpu;
         let _step = gpu.lock_step();
-        let (key, replayed) = self.launch_step(program, tokens)?;
+        let (key, replayed) = self.launch_step(program, tokens, &[])?;
         let io = self
             .state
             .io
@@ -528,6 +624,86 @@ impl crate::exec::Executor for CudaExecutor<'_> {
     fn graph_replays(&self) -> usize {
         self.state.replays
     }
+
+    /// Copies every state but the `Append` ones on the device (the GDN recurrent states, the
+    /// conv and PLE windows, the n-gram history), into the buffers of the last checkpoint
+    /// where it has them.
+    fn checkpoint(&mut self) -> crate::error::Result<()> {
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let state = &mut self.state;
+        let mut kept = state.checkpoint.take().map(|c| c.1).unwrap_or_default();
+        for (name, buf) in &state.bufs {
+            if state.appended.contains(name) {
+                continue;
+            }
+            let copy = match (buf, kept.remove(name)) {
+                (DevState::HostTokens(t), _) => DevState::HostTokens(t.clone()),
+                (DevState::F32(b), Some(DevState::F32(mut c))) if c.len() == b.len() => {
+                    copy_state(gpu, b, &mut c)?;
+                    DevState::F32(c)
+                }
+                (DevState::F32(b), _) => {
+                    let mut c = gpu.zeros(b.len(), name)?;
+                    copy_state(gpu, b, &mut c)?;
+                    DevState::F32(c)
+                }
+                (DevState::I64(b), Some(DevState::I64(mut c))) if c.len() == b.len() => {
+                    copy_state(gpu, b, &mut c)?;
+                    DevState::I64(c)
+                }
+                (DevState::I64(b), _) => {
+                    let mut c = gpu.zeros(b.len(), name)?;
+                    copy_state(gpu, b, &mut c)?;
+                    DevState::I64(c)
+                }
+            };
+            kept.insert(name.clone(), copy);
+        }
+        state.checkpoint = Some((state.position, kept));
+        Ok(())
+    }
+
+    /// Restores the checkpoint's states (the `Append` ones need nothing: the position bounds
+    /// what is read) and returns its position: the caller reruns the rows after it.
+    fn rewind(&mut self, position: usize) -> crate::error::Result<usize> {
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let state = &mut self.state;
+        let mark = state.checkpoint.as_ref().map(|c| c.0);
+        let Some(at) = mark.filter(|&m| (m..=state.position).contains(&position)) else {
+            return Err(crate::error::Error::Input(format!(
+                "rewind to position {position}: the checkpoint is at {}, the sequence at {}",
+                mark.map_or("none".to_string(), |m| m.to_string()),
+                state.position
+            )));
+        };
+        if position == state.position {
+            return Ok(position);
+        }
+        let (_, kept) = state.checkpoint.as_mut().expect("checked above");
+        for (name, copy) in kept.iter() {
+            match (state.bufs.get_mut(name), copy) {
+                (Some(DevState::F32(b)), DevState::F32(c)) => copy_state(gpu, c, b)?,
+                (Some(DevState::I64(b)), DevState::I64(c)) => copy_state(gpu, c, b)?,
+                (Some(DevState::HostTokens(b)), DevState::HostTokens(c)) => b.clone_from(c),
+                _ => unreachable!("a checkpoint copies the states it finds"),
+            }
+        }
+        state.position = at;
+        Ok(at)
+    }
+}
+
+/// A device copy of one state's buffer (stream-ordered: the next step sees it).
+fn copy_state<T: cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    from: &CudaSlice<T>,
+    to: &mut CudaSlice<T>,
+) -> Result<(), CudaError> {
+    gpu.stream
+        .memcpy_dtod(from, to)
+        .map_err(|e| CudaError::driver("copying a state for a rewind", None, e))
 }
 
 /// Waits for the step, then copies its result to the host with `download`; in replayed steps

@@ -144,6 +144,15 @@ pub(super) fn record_segment<'p>(
             .memcpy_dtod(&io.tokens, &mut *tokens)
             .map_err(|e| CudaError::driver("copying the tokens", None, e))?;
         values.insert(program.input.as_str(), DVal::I64(tokens));
+        // The imports likewise, from the buffers the host wrote.
+        for (import, (given, slot)) in program.imports.iter().zip(&io.imports) {
+            let cx = Launch::new(gpu).with_slots(&[*slot]);
+            let mut buf = cx.output::<f32>(given.len(), &import.name)?;
+            gpu.stream
+                .memcpy_dtod(given, &mut *buf)
+                .map_err(|e| CudaError::driver("copying the imports", None, e))?;
+            values.insert(import.name.as_str(), DVal::F32(buf));
+        }
         // Events after each node of a profiled step, the first one before node 0.
         if profiling {
             launch::hold_gpu(&Launch::new(gpu), PROFILE_HOLD_NS)?;
@@ -263,6 +272,14 @@ pub(super) fn record_segment<'p>(
         gpu.stream
             .memcpy_dtod(&*logits, &mut io.logits)
             .map_err(|e| CudaError::driver("copying the logits out", None, e))?;
+        for (export, out) in program.exports.iter().zip(io.exports.iter_mut()) {
+            let Some(DVal::F32(buf)) = values.get(export.value.as_str()) else {
+                unreachable!("validated programs export f32 values")
+            };
+            gpu.stream
+                .memcpy_dtod(&**buf, out)
+                .map_err(|e| CudaError::driver("copying the exports out", None, e))?;
+        }
     }
     Ok(peak)
 }

@@ -15,7 +15,7 @@ pub(super) fn launch(
         Op::Rope {
             head_dim,
             rotary_dim,
-        } => attention::rope(cx, a.f32(0), rows, step, *head_dim, *rotary_dim, a.theta())?,
+        } => attention::rope(cx, a.f32(0), rows, step, *head_dim, *rotary_dim, a.rotary())?,
         Op::NormRope {
             head_dim,
             rotary_dim,
@@ -28,7 +28,7 @@ pub(super) fn launch(
             *head_dim,
             *rotary_dim,
             a.eps(),
-            a.theta(),
+            a.rotary(),
         )?,
         Op::IndexerSelect { .. } | Op::IndexerSelectQk { .. } => {
             let shape = IndexerShape::of(&a.node.op).expect("an indexer op");
@@ -36,7 +36,7 @@ pub(super) fn launch(
                 unreachable!("the template declares two states")
             };
             let (raw, pooled) = (f32_state(raw), f32_state(pooled));
-            let (eps, theta) = (a.eps(), a.theta());
+            let (eps, theta) = (a.eps(), a.rotary());
             // The queries and keys ready, or the indexer's projection (IndexerSelectQk).
             let sel = if let Op::IndexerSelect { .. } = a.node.op {
                 attention::indexer_select(
@@ -146,7 +146,7 @@ pub(super) fn launch(
                 a.cap,
                 keep,
                 a.eps(),
-                a.theta(),
+                a.rotary(),
             )?
         }
         _ => unreachable!("dispatched by op family"),

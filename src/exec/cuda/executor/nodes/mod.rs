@@ -113,8 +113,13 @@ impl<'a> NodeArgs<'a> {
         self.program.consts.rms_norm_eps
     }
 
-    pub fn theta(&self) -> f64 {
-        self.program.consts.rope_theta
+    /// The step's rotary embedding: the base, and the offset its rows are rotated past their
+    /// cache rows (`Consts::rope_offset`).
+    pub fn rotary(&self) -> crate::exec::cuda::launch::attention::Rotary {
+        crate::exec::cuda::launch::attention::Rotary {
+            theta: self.program.consts.rope_theta,
+            offset: self.program.consts.rope_offset as i64,
+        }
     }
 
     /// Whether the model's output gates are sigmoids (else SiLU).

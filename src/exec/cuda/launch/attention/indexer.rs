@@ -65,7 +65,7 @@ pub fn indexer_select(
     shape_: &IndexerShape,
     capacity: usize,
     eps: f32,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<i32>, CudaError> {
     let IndexerShape {
         heads, head_dim, ..
@@ -92,7 +92,7 @@ pub fn indexer_select(
         shape_,
         capacity,
         eps,
-        theta,
+        rotary.into(),
     )
 }
 
@@ -114,7 +114,7 @@ pub fn indexer_select_qk(
     shape_: &IndexerShape,
     capacity: usize,
     eps: f32,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<i32>, CudaError> {
     let kernel = "indexer_select_qk";
     let IndexerShape {
@@ -145,7 +145,7 @@ pub fn indexer_select_qk(
         shape_,
         capacity,
         eps,
-        theta,
+        rotary.into(),
     )
 }
 
@@ -177,9 +177,10 @@ fn select_launches(
     shape_: &IndexerShape,
     capacity: usize,
     eps: f32,
-    theta: f64,
+    rotary: Rotary,
 ) -> Result<Buf<i32>, CudaError> {
     let kernel = "indexer_select";
+    let Rotary { theta, offset } = rotary;
     let IndexerShape {
         heads,
         head_dim: hd,
@@ -288,7 +289,7 @@ fn select_launches(
             b.arg(&null).arg(&null).arg(&null);
         }
     }
-    b.arg(&q_stride64).arg(&heads32);
+    b.arg(&q_stride64).arg(&heads32).arg(&offset);
     // SAFETY: raw_keys holds capacity rows of hd, pooled at least `blocks` rows (checked above),
     // k_raw rows rows of hd floats k_stride apart (checked by the callers), work
     // indexer_work_len(rows, blocks) words of which the kernel zeroes the first rows*IDX_ZSTRIDE;

@@ -69,8 +69,23 @@ fn append_kv_rows(
     launched(kernel, unsafe { b.launch(grid_for(2 * rows * width, 256)) })
 }
 
+/// The rotary embedding of a step: its base, and how far past its cache row each row is
+/// rotated (`Consts::rope_offset`: one for the MTP draft, whose row r is rotated at r + 1). A
+/// bare `theta` is an offset of 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotary {
+    pub theta: f64,
+    pub offset: i64,
+}
+
+impl From<f64> for Rotary {
+    fn from(theta: f64) -> Rotary {
+        Rotary { theta, offset: 0 }
+    }
+}
+
 /// `ops::rope::rope`: partial NeoX RoPE on every head of `x [rows, width]`, row `t` at position
-/// `step[0] + t`.
+/// `step[0] + t` (plus the rotary's offset).
 pub fn rope(
     cx: &Launch,
     x: &CudaSlice<f32>,
@@ -78,9 +93,10 @@ pub fn rope(
     step: &CudaSlice<i64>,
     head_dim: usize,
     rotary_dim: usize,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = "rope_reference_f32";
+    let Rotary { theta, offset } = rotary.into();
     one_step(kernel, step)?;
     rope_dims(kernel, head_dim, rotary_dim)?;
     shape(
@@ -110,7 +126,8 @@ pub fn rope(
         .arg(&w64)
         .arg(&hd)
         .arg(&rot)
-        .arg(&theta);
+        .arg(&theta)
+        .arg(&offset);
     // SAFETY: x and y hold rows*width floats; each head's pair partner lies in the same head.
     launched(kernel, unsafe { b.launch(grid_for(x.len(), 256)) })?;
     Ok(y)
@@ -139,9 +156,10 @@ pub fn norm_rope(
     head_dim: usize,
     rotary_dim: usize,
     eps: f32,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = "norm_rope_f32";
+    let Rotary { theta, offset } = rotary.into();
     one_step(kernel, step)?;
     rope_dims(kernel, head_dim, rotary_dim)?;
     shape(
@@ -182,7 +200,8 @@ pub fn norm_rope(
         .arg(&rot)
         .arg(&wl)
         .arg(&eps)
-        .arg(&theta);
+        .arg(&theta)
+        .arg(&offset);
     let cfg = norm_rope_launch(blocks, head_dim);
     // SAFETY: x and y hold rows*width floats, w head_dim or width; a block stages one head of at
     // most NORM_ROPE_MAX_DIM channels, and each rotated channel's partner lies in the same head.
@@ -599,12 +618,13 @@ pub fn gated_attention(
     capacity: usize,
     keep: usize,
     eps: f32,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = "attention_reference_gated_f32";
+    let rotary = rotary.into();
     reference_fits(kernel, s.head_dim)?;
     let q = gated_prepare(
-        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, rotary,
     )?;
     let dims = s.attend_dims(rows, capacity, keep);
     attend_reference(cx, kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
@@ -627,11 +647,12 @@ pub fn gated_attention_split(
     capacity: usize,
     keep: usize,
     eps: f32,
-    theta: f64,
+    rotary: impl Into<Rotary>,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = split_kernel(s.heads, s.kv_heads, s.head_dim, capacity)?;
+    let rotary = rotary.into();
     let q = gated_prepare(
-        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, theta,
+        cx, x, k_cache, v_cache, rows, step, s, capacity, keep, eps, rotary,
     )?;
     let dims = s.attend_dims(rows, capacity, keep);
     attend_split(cx, &kernel, &q, Some(x.qg), x.sel, k_cache, v_cache, &dims)
@@ -666,9 +687,10 @@ fn gated_prepare(
     capacity: usize,
     keep: usize,
     eps: f32,
-    theta: f64,
+    rotary: Rotary,
 ) -> Result<Buf<f32>, CudaError> {
     let kernel = "gated_attention_prepare_f32";
+    let Rotary { theta, offset } = rotary;
     let GatedAttentionShape {
         heads,
         kv_heads,
@@ -765,7 +787,8 @@ fn gated_prepare(
         .arg(&kwl)
         .arg(&eps)
         .arg(&theta)
-        .arg(&cap64);
+        .arg(&cap64)
+        .arg(&offset);
     // SAFETY: q holds rows*heads*hd floats, qg rows*heads*2*hd, k_raw and v rows*kv_heads*hd,
     // the norm weights hd or the row's width (the kernel indexes them by that length), the
     // caches capacity rows of kv_heads*hd (all checked above); the kernel writes only cache rows
