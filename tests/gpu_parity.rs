@@ -18,7 +18,7 @@ use graphrun::exec::cuda::executor::{run_node, DeviceWeights};
 use graphrun::exec::cuda::Gpu;
 use graphrun::exec::state::{SessionState, StateBuf};
 use graphrun::ir::{Device, LogitsMode, Phase, Program};
-use graphrun::lower::{lower, GraphSet, LowerOptions};
+use graphrun::lower::{lower, GraphSet, LowerOptions, ProgramKind};
 use graphrun::ops::indexer::RowSel;
 use graphrun::plan::ModelPlan;
 use graphrun::registry::{self, DeviceFacts, NodeFacts, Placement, StorageFormats, WeightFormat};
@@ -79,6 +79,8 @@ struct Case {
     steps: Vec<usize>,
     /// Where the device keeps the PLE n-gram table.
     ple_table: Placement,
+    /// The trunk's programs, or the MTP draft head's (fed random hidden rows).
+    kind: ProgramKind,
 }
 
 #[test]
@@ -167,6 +169,7 @@ fn cases() -> Vec<Case> {
             expert_format: format,
             steps: vec![7, 1, 2, 3, 8, 16, 1, 40, 1, 5],
             ple_table: Placement::Device,
+            kind: ProgramKind::Trunk,
         });
     }
     // The n-gram table kept on the host: its rows gathered there (the real release on one GPU).
@@ -178,6 +181,7 @@ fn cases() -> Vec<Case> {
         expert_format: out[0].expert_format,
         steps: vec![7, 1, 2, 1, 9, 1],
         ple_table: Placement::Host,
+        kind: ProgramKind::Trunk,
     };
     out.push(host);
     let tiny = common::repo().join("models/tiny-qwen4exp/config.json");
@@ -194,6 +198,22 @@ fn cases() -> Vec<Case> {
         expert_format: WeightFormat::Nvfp4,
         steps: vec![7, 1, 2, 3, 8, 1, 40, 1],
         ple_table: Placement::Device,
+        kind: ProgramKind::Trunk,
+    });
+    // The MTP draft head's programs (`stream_linear`, imports, rotations one past the rows).
+    let mtp = common::repo().join("models/tiny-qwen4exp-mtp/config.json");
+    let plan =
+        ModelPlan::from_json_str(&std::fs::read_to_string(mtp).unwrap(), "the tiny MTP model")
+            .unwrap();
+    out.push(Case {
+        label: "tiny model's MTP draft head".into(),
+        weights: graphrun::synth::random_weights(&plan, 31).unwrap(),
+        plan,
+        format: WeightFormat::F32,
+        expert_format: WeightFormat::F32,
+        steps: vec![7, 1, 2, 3, 8, 1],
+        ple_table: Placement::Device,
+        kind: ProgramKind::Draft,
     });
     let plan = real_geometry();
     let mut weights = graphrun::synth::random_weights(&plan, 23).unwrap();
@@ -206,6 +226,7 @@ fn cases() -> Vec<Case> {
         expert_format: WeightFormat::Bf16,
         steps: vec![64, 1, 2, 6, 8, 16, 32, 1],
         ple_table: Placement::Device,
+        kind: ProgramKind::Trunk,
     });
     with_nvfp4_experts(&mut weights);
     out.push(Case {
@@ -216,6 +237,7 @@ fn cases() -> Vec<Case> {
         expert_format: WeightFormat::Nvfp4,
         steps: vec![64, 1, 2, 6, 1],
         ple_table: Placement::Device,
+        kind: ProgramKind::Trunk,
     });
     out
 }
@@ -314,6 +336,7 @@ fn program(case: &Case, facts: &DeviceFacts, fusions: Option<&[String]>, tokens:
         device_facts: Some(*facts),
         fusions: fusions.map(|f| f.to_vec()),
         ple_table: case.ple_table,
+        kind: case.kind,
         ..LowerOptions::new(phase, tokens, LogitsMode::Last)
     };
     lower(&case.plan, &GraphSet::embedded().unwrap(), &opts)
@@ -375,8 +398,31 @@ fn run_case(
             .map(|_| rng.random_range(0..vocab as i64))
             .collect();
         let cpu_program = on_the_cpu(&program);
-        let records =
-            cpu::record_step(&cpu_program, &case.weights, &mut state, &ids, &fresh).unwrap();
+        // A draft step's seeds: random hidden rows.
+        let hidden: Vec<f32> = program
+            .imports
+            .iter()
+            .flat_map(|i| {
+                (0..tokens * i.width)
+                    .map(|_| rng.random_range(-2.0..2.0))
+                    .collect::<Vec<f32>>()
+            })
+            .collect();
+        let imports: Vec<(&str, &[f32])> = program
+            .imports
+            .iter()
+            .map(|i| (i.name.as_str(), &hidden[..]))
+            .collect();
+        assert!(program.imports.len() <= 1, "one import: hidden");
+        let records = cpu::record_step_with(
+            &cpu_program,
+            &case.weights,
+            &mut state,
+            &ids,
+            &imports,
+            &fresh,
+        )
+        .unwrap();
         for record in &records {
             check_node(
                 gpu,

@@ -176,3 +176,38 @@ fn speculative_greedy_on_the_gpu_equals_plain_greedy() {
         "{hist:?}"
     );
 }
+
+/// Sampled speculative decoding on the GPU: the same seed gives the same tokens, another seed
+/// others, and drafts are kept as well as refused.
+#[test]
+fn sampled_speculative_on_the_gpu_is_seeded() {
+    if !common::gpu::cuda_or_skip() {
+        return;
+    }
+    let dir = boosted(&[3, 17, 40, 77]);
+    let gpu = Model::load(&dir, on(DeviceChoice::Cuda)).unwrap();
+    let opts = |seed| GenerateOptions {
+        max_new_tokens: 24,
+        sampling: Sampling::Sample {
+            temperature: 1.0,
+            top_k: Some(8),
+            top_p: None,
+            seed,
+        },
+        stop_on_eos: false,
+    };
+    let spec = SpecOptions {
+        max_k: 3,
+        adaptive: false,
+    };
+    let run = |seed| {
+        gpu.session()
+            .generate_speculative(&[10, 232, 31, 42], &opts(seed), &spec)
+            .unwrap()
+    };
+    let (a, report) = run(5);
+    println!("{report}");
+    assert_eq!(a, run(5).0);
+    assert_ne!(a, run(6).0);
+    assert!(report.accepted > 0 && report.accepted < report.drafted, "{report}");
+}

@@ -147,6 +147,18 @@ pub fn record_step(
     tokens: &[i64],
     want: &dyn Fn(usize) -> bool,
 ) -> Result<Vec<NodeRecord>, ExecError> {
+    record_step_with(program, weights, state, tokens, &[], want)
+}
+
+/// [`record_step`] for a program with imports.
+pub fn record_step_with(
+    program: &Program,
+    weights: &Weights,
+    state: &mut SessionState,
+    tokens: &[i64],
+    imports: Imports,
+    want: &dyn Fn(usize) -> bool,
+) -> Result<Vec<NodeRecord>, ExecError> {
     let mut records = Vec::new();
     let mut observe = |r: &Observed| records.push(r.to_record());
     run_observed(
@@ -154,7 +166,7 @@ pub fn record_step(
         weights,
         state,
         tokens,
-        &[],
+        imports,
         &[],
         Some((want, &mut observe)),
     )?;

@@ -27,6 +27,23 @@ pub struct StepOutput {
     pub exports: Vec<(String, Vec<f32>)>,
 }
 
+/// What [`Executor::step_with_greedy`] gives back: each logits row's greedy choice (or its
+/// first NaN), and the program's exports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GreedyRows {
+    pub chosen: Vec<std::result::Result<u32, BadLogit>>,
+    pub exports: Vec<(String, Vec<f32>)>,
+}
+
+impl GreedyRows {
+    pub fn export(&self, name: &str) -> Option<&[f32]> {
+        self.exports
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
 impl StepOutput {
     /// The export `name`.
     pub fn export(&self, name: &str) -> Option<&[f32]> {
@@ -92,6 +109,28 @@ pub trait Executor {
         })
     }
 
+    /// As [`Executor::step_with`], but returns each logits row's greedy choice (as
+    /// [`Executor::step_greedy`] makes it for the last row) instead of the logits. This
+    /// default chooses on the host; an executor may choose where the logits are.
+    fn step_with_greedy(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: Imports,
+    ) -> Result<GreedyRows> {
+        let out = self.step_with(program, tokens, imports)?;
+        let vocab = out.logits.len() / out.rows.max(1);
+        let chosen = out
+            .logits
+            .chunks(vocab.max(1))
+            .map(|row| check_logits(row, false).map(|()| argmax(row)))
+            .collect();
+        Ok(GreedyRows {
+            chosen,
+            exports: out.exports,
+        })
+    }
+
     /// Marks the current state as the one [`Executor::rewind`] returns to (a speculative round's
     /// start), forgetting any earlier mark.
     fn checkpoint(&mut self) -> Result<()> {
@@ -141,6 +180,14 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
         imports: Imports,
     ) -> Result<StepOutput> {
         (**self).step_with(program, tokens, imports)
+    }
+    fn step_with_greedy(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: Imports,
+    ) -> Result<GreedyRows> {
+        (**self).step_with_greedy(program, tokens, imports)
     }
     fn checkpoint(&mut self) -> Result<()> {
         (**self).checkpoint()

@@ -34,7 +34,7 @@ use crate::rules::speculative::{self as cost_rules, SpecRule};
 use crate::rules::steps::StepFacts;
 
 use super::model::ProgramKey;
-use super::sampling::{argmax, check_logits, BadLogit, Dist, Sampler, Sampling};
+use super::sampling::{BadLogit, Dist, Sampler, Sampling};
 use super::session::{GenerateOptions, LogitsError, Session};
 use accept::Verdict;
 use adapt::AdaptiveK;
@@ -124,6 +124,14 @@ impl Draft<'_> {
         self.logits = out.logits;
         Ok(())
     }
+}
+
+/// A verify step's rows as the acceptance reads them.
+enum VerifyRows {
+    /// Each row's greedy choice (or its first NaN).
+    Chosen(Vec<std::result::Result<u32, BadLogit>>),
+    /// Every row's logits, and the vocabulary.
+    Logits(Vec<f32>, usize),
 }
 
 /// The draft's choice from its logits: the argmax (greedy), or a draw from the sampler's
@@ -243,10 +251,14 @@ impl<'m, E: Executor> Session<'m, E> {
                 let program = self
                     .model
                     .program_for(ProgramKey::trunk(1, LogitsMode::Last))?;
-                let (logits, _) = self.exec.step(&program, &[tip as i64])?;
-                tip = sampler
-                    .next(&logits)
-                    .map_err(|bad| self.logits_error(bad, Some(out.len())))?;
+                let chosen = match sampler.sampling() {
+                    Sampling::Greedy => self.exec.step_greedy(&program, &[tip as i64])?,
+                    Sampling::Sample { .. } => {
+                        let (logits, _) = self.exec.step(&program, &[tip as i64])?;
+                        sampler.next(&logits)
+                    }
+                };
+                tip = chosen.map_err(|bad| self.logits_error(bad, Some(out.len())))?;
                 report.verify += t.elapsed();
                 report.plain_steps += 1;
                 out.push(tip);
@@ -276,11 +288,20 @@ impl<'m, E: Executor> Session<'m, E> {
             let mut chunk_ids = vec![tip];
             chunk_ids.extend(&drafts);
             let ids: Vec<i64> = chunk_ids.iter().map(|&t| t as i64).collect();
-            let verify =
-                self.exec
-                    .step_with(programs.get(trunk_key(k + 1, LogitsMode::All)), &ids, &[])?;
-            let vocab = verify.logits.len() / verify.rows;
-            let row = |i: usize| &verify.logits[i * vocab..(i + 1) * vocab];
+            let program = programs.get(trunk_key(k + 1, LogitsMode::All));
+            // Greedy rounds take each row's choice where the logits are (on a GPU, 8 bytes a
+            // row); sampled ones need the rows' distributions.
+            let (rows, hidden) = match sampler.sampling() {
+                Sampling::Greedy => {
+                    let g = self.exec.step_with_greedy(program, &ids, &[])?;
+                    (VerifyRows::Chosen(g.chosen), g.exports)
+                }
+                Sampling::Sample { .. } => {
+                    let out = self.exec.step_with(program, &ids, &[])?;
+                    let vocab = out.logits.len() / out.rows;
+                    (VerifyRows::Logits(out.logits, vocab), out.exports)
+                }
+            };
             let mut emitted = Vec::with_capacity(k + 1);
             for i in 0..=k {
                 // A NaN is named at the row's position, as a plain step's would be.
@@ -292,12 +313,11 @@ impl<'m, E: Executor> Session<'m, E> {
                         value: bad.value,
                     })
                 };
-                let p = match sampler.sampling() {
-                    Sampling::Greedy => {
-                        check_logits(row(i), false).map_err(at_row)?;
-                        vec![(argmax(row(i)), 1.0)]
-                    }
-                    Sampling::Sample { .. } => sampler.distribution(row(i)).map_err(at_row)?,
+                let p = match &rows {
+                    VerifyRows::Chosen(chosen) => vec![(chosen[i].map_err(at_row)?, 1.0)],
+                    VerifyRows::Logits(logits, vocab) => sampler
+                        .distribution(&logits[i * vocab..(i + 1) * vocab])
+                        .map_err(at_row)?,
                 };
                 if i == k {
                     // Every draft kept: the trunk's token after the last one.
@@ -357,8 +377,10 @@ impl<'m, E: Executor> Session<'m, E> {
             let t = Instant::now();
             let at = draft.exec.rewind(m)?;
             debug_assert_eq!(at, m, "the draft's checkpoint is at the round's start");
-            let hidden = verify
-                .export(HIDDEN)
+            let hidden = hidden
+                .iter()
+                .find(|(n, _)| n == HIDDEN)
+                .map(|(_, v)| v.as_slice())
                 .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))?;
             let width = hidden.len() / (k + 1);
             draft.step(

@@ -63,6 +63,9 @@ struct StepIo {
     logits_rows: usize,
     /// The key `launch::sampling::argmax_row` leaves for a greedy step's readout.
     greedy_key: CudaSlice<u64>,
+    /// One key a logits row, and the row keys side by side for one download
+    /// (`Executor::step_with_greedy`); made at its first use.
+    row_keys: Option<(Vec<CudaSlice<u64>>, CudaSlice<u64>)>,
     /// Every value of the step at its `memplan` offset, allocated once per step shape, so that
     /// the kernels of a replayed graph find their values at the captured addresses. Held, not
     /// read: the slots below point into it.
@@ -164,6 +167,7 @@ impl StepIo {
             logits: gpu.zeros(logits_rows * vocab, "the step's logits")?,
             logits_rows,
             greedy_key: gpu.zeros(1, "the greedy step's key")?,
+            row_keys: None,
             _arena: arena,
             input_slot,
             node_slots,
@@ -619,6 +623,51 @@ impl crate::exec::Executor for CudaExecutor<'_> {
             gpu.download(&io.greedy_key, "the greedy step's key")
         })?;
         Ok(launch::sampling::argmax_of(key[0]))
+    }
+
+    /// Each row's argmax on the device: the host reads 8 bytes a row, not the row's logits.
+    fn step_with_greedy(
+        &mut self,
+        program: &Program,
+        tokens: &[i64],
+        imports: crate::exec::Imports,
+    ) -> crate::error::Result<crate::exec::GreedyRows> {
+        let gpu = self.gpu;
+        let _step = gpu.lock_step();
+        let (key, _) = self.launch_step(program, tokens, imports)?;
+        let io = self
+            .state
+            .io
+            .get_mut(&key)
+            .expect("launch_step prepared the step buffers");
+        let rows = io.logits_rows.max(1);
+        let vocab = io.logits.len() / rows;
+        if io.row_keys.is_none() {
+            let keys = (0..rows)
+                .map(|_| gpu.zeros::<u64>(1, "a row's greedy key"))
+                .collect::<Result<Vec<_>, _>>()?;
+            io.row_keys = Some((keys, gpu.zeros::<u64>(rows, "the rows' greedy keys")?));
+        }
+        let (keys, all) = io.row_keys.as_mut().expect("made above");
+        for (r, k) in keys.iter_mut().enumerate() {
+            let row = io.logits.slice(r * vocab..(r + 1) * vocab);
+            launch::sampling::argmax_row(&Launch::new(gpu), k, &row)?;
+            gpu.stream
+                .memcpy_dtod(&*k, &mut all.slice_mut(r..r + 1))
+                .map_err(|e| CudaError::driver("gathering the rows' greedy keys", None, e))?;
+        }
+        let got = gpu.download(all, "the rows' greedy keys")?;
+        let exports = program
+            .exports
+            .iter()
+            .zip(&io.exports)
+            .map(|(e, buf)| Ok((e.name.clone(), gpu.download(buf, &e.name)?)))
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        gpu.sync("the step")?;
+        Ok(crate::exec::GreedyRows {
+            chosen: got.into_iter().map(launch::sampling::argmax_of).collect(),
+            exports,
+        })
     }
 
     fn graph_replays(&self) -> usize {
