@@ -209,5 +209,8 @@ fn sampled_speculative_on_the_gpu_is_seeded() {
     println!("{report}");
     assert_eq!(a, run(5).0);
     assert_ne!(a, run(6).0);
-    assert!(report.accepted > 0 && report.accepted < report.drafted, "{report}");
+    assert!(
+        report.accepted > 0 && report.accepted < report.drafted,
+        "{report}"
+    );
 }

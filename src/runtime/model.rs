@@ -402,11 +402,46 @@ impl Model {
                 // A full chunk's shape and a prompt's last, shorter one (`CudaExecutor` keeps two).
                 n => 2 * step_bytes(&lowered(Phase::Prefill, n)?, capacity),
             };
+        let (mut caches, mut workspace) = (session_bytes(&decode, capacity), workspace);
+        if self.draft == DraftHead::Present {
+            // A speculative session: the draft's own caches, its steps, and the verify steps of
+            // up to `MAX_K + 1` rows (each shape's arena kept), counted at their largest.
+            let rows = crate::runtime::speculative::MAX_K + 1;
+            let lowered_as = |key: ProgramKey| {
+                let mut opts = self.options.lower_options(
+                    key.phase,
+                    key.tokens,
+                    key.logits,
+                    crate::ir::Device::Cuda,
+                    Some(self.weight_dtype.clone()),
+                );
+                opts.expert_format = self.expert_format;
+                opts.device_facts = Some(gpu.facts());
+                opts.kind = key.kind;
+                opts.exports = key.exports;
+                lower::lower(&self.plan, &self.graphs, &opts).map(|l| l.program)
+            };
+            let draft = lowered_as(ProgramKey::draft(1, LogitsMode::Last))?;
+            let verify = lowered_as(ProgramKey::trunk(rows, LogitsMode::All).with_exports())?;
+            let draft_rows = lowered_as(ProgramKey::draft(rows, LogitsMode::Last))?;
+            caches += session_bytes(&draft, capacity);
+            workspace += (rows - 1) * step_bytes(&verify, capacity)
+                + rows * step_bytes(&draft_rows, capacity)
+                + match chunk {
+                    0 | 1 => 0,
+                    n => {
+                        2 * step_bytes(
+                            &lowered_as(ProgramKey::draft(n, LogitsMode::Last))?,
+                            capacity,
+                        )
+                    }
+                };
+        }
         let (on_device, on_host) = (weights(Placement::Device), weights(Placement::Host));
         let needs = super::memory::Needs {
             weights: on_host,
             table: on_device - on_host,
-            caches: session_bytes(&decode, capacity),
+            caches,
             capacity,
             workspace,
         };
