@@ -18,6 +18,9 @@ use crate::runtime::model::ProgramKey;
 use crate::runtime::{Model, ModelOptions};
 
 pub struct SpecBenchOptions {
+    /// CUDA (random weights made on the device) or the CPU reference (random weights in
+    /// memory: for small configs).
+    pub on_cpu: bool,
     pub layers: Option<usize>,
     pub experts: crate::registry::WeightFormat,
     /// The context the steps are timed at.
@@ -140,15 +143,24 @@ pub fn run(config_text: &str, origin: &str, opts: &SpecBenchOptions) -> Result<S
         prefill_chunk: Some(4096),
         ..Default::default()
     };
-    let gpu = Gpu::new(0)?;
-    let device = format!(
-        "{} (sm_{}{})",
-        gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
-    );
     let layers = plan.layers.len();
     let vocab = plan.vocab_size;
     let width = plan.hc.count * plan.hidden_size;
-    let model = Model::random_on_gpu(plan, gpu, options, opts.experts, opts.seed)?;
+    let (device, model) = if opts.on_cpu {
+        let weights = crate::synth::random_weights(&plan, opts.seed)?;
+        let threads = rayon::current_num_threads();
+        let graphs = options.graph_set()?;
+        let model = Model::from_parts(plan, graphs, weights, options);
+        (format!("CPU ({threads} threads)"), model)
+    } else {
+        let gpu = Gpu::new(0)?;
+        let device = format!(
+            "{} (sm_{}{})",
+            gpu.info.name, gpu.info.compute_capability.0, gpu.info.compute_capability.1
+        );
+        let model = Model::random_on_gpu(plan, gpu, options, opts.experts, opts.seed)?;
+        (device, model)
+    };
     let token = |i: usize| super::token(i, vocab) as i64;
 
     // The trunk at the context, then plain decode steps.

@@ -117,6 +117,10 @@ struct BenchArgs {
         requires = "speculative"
     )]
     acceptances: Vec<f64>,
+    /// Time the speculative steps on the CPU reference (random weights in memory: a small
+    /// --config, such as models/tiny-qwen4exp-mtp/config.json).
+    #[arg(long, requires = "speculative")]
+    cpu: bool,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -647,6 +651,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             })?;
             if a.speculative {
                 let opts = graphrun::bench::speculative::SpecBenchOptions {
+                    on_cpu: a.cpu,
                     layers: a.layers,
                     experts: a.experts,
                     context: a.contexts.iter().copied().max().unwrap_or(1024),
