@@ -126,6 +126,9 @@ impl Draft<'_> {
     }
 }
 
+/// A step's exports, by name.
+type Exports = Vec<(String, Vec<f32>)>;
+
 /// A verify step's rows as the acceptance reads them.
 enum VerifyRows {
     /// Each row's greedy choice (or its first NaN).
@@ -188,49 +191,18 @@ impl<'m, E: Executor> Session<'m, E> {
             ));
         }
         let programs = self.lower_speculative(prompt.len(), chunk, spec.max_k)?;
-        let cost = self.cost_rule();
-        let mut k_choice = AdaptiveK::new(spec.max_k, spec.adaptive, cost);
+        let mut k_choice = AdaptiveK::new(spec.max_k, spec.adaptive, self.cost_rule());
         let mut draft = Draft {
             exec: self.model.executor(),
             logits: Vec::new(),
             carrier: Vec::new(),
         };
         // Everything a caller can get wrong was checked above; the state changes only from here.
-
-        // Prefill: the trunk in parts, the draft one row behind it (row j needs the token at
-        // j + 1); the last part's row pairs with the first new token.
-        let mut out = Vec::new();
-        let mut draft_time = std::time::Duration::ZERO;
-        let parts: Vec<&[u32]> = prompt.chunks(chunk).collect();
-        let mut first = 0;
-        let mut tip = 0;
-        for (i, part) in parts.iter().enumerate() {
-            let last = i + 1 == parts.len();
-            let ids: Vec<i64> = part.iter().map(|&t| t as i64).collect();
-            let step = self.exec.step_with(
-                programs.get(trunk_key(part.len(), LogitsMode::Last)),
-                &ids,
-                &[],
-            )?;
-            let hidden = step
-                .export(HIDDEN)
-                .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))?;
-            let mut pairs: Vec<u32> =
-                prompt[first + 1..(first + part.len() + 1).min(prompt.len())].to_vec();
-            if last {
-                tip = sampler
-                    .next(&step.logits)
-                    .map_err(|bad| self.logits_error(bad, Some(0)))?;
-                pairs.push(tip);
-            }
-            let t = Instant::now();
-            draft.step(programs.get(draft_key(pairs.len())), &pairs, hidden)?;
-            draft_time += t.elapsed();
-            first += part.len();
-        }
+        let (mut tip, draft_time) =
+            self.prefill_with_draft(prompt, chunk, &programs, &mut draft, &mut sampler)?;
         report.prefill = start.elapsed() - draft_time;
         report.draft += draft_time;
-        out.push(tip);
+        let mut out = vec![tip];
 
         let model = self.model;
         let eos = &model.plan.eos_token_ids;
@@ -240,108 +212,53 @@ impl<'m, E: Executor> Session<'m, E> {
         };
         while !done(&out) {
             let m = self.position();
-            let room = opts.max_new_tokens - out.len() - 1;
-            let k = k_choice.next_k(room);
+            let k = k_choice.next_k(opts.max_new_tokens - out.len() - 1);
             if k == 0 {
                 // A plain step: nothing left to draft, or drafting stopped paying.
                 if k_choice.is_off() && report.spec_off_at.is_none() {
                     report.spec_off_at = Some(out.len());
                 }
                 let t = Instant::now();
-                let program = self
-                    .model
-                    .program_for(ProgramKey::trunk(1, LogitsMode::Last))?;
-                let chosen = match sampler.sampling() {
-                    Sampling::Greedy => self.exec.step_greedy(&program, &[tip as i64])?,
-                    Sampling::Sample { .. } => {
-                        let (logits, _) = self.exec.step(&program, &[tip as i64])?;
-                        sampler.next(&logits)
-                    }
-                };
-                tip = chosen.map_err(|bad| self.logits_error(bad, Some(out.len())))?;
+                tip = self.plain_step(tip, &mut sampler, out.len())?;
                 report.verify += t.elapsed();
                 report.plain_steps += 1;
                 out.push(tip);
                 continue;
             }
 
-            // Draft k tokens: the first from the draft's last prediction, each next one from a
-            // one-row step seeded by the previous step's carrier.
             let t = Instant::now();
-            draft.exec.checkpoint()?;
-            let mut drafts = Vec::with_capacity(k);
-            let mut dists = Vec::with_capacity(k);
-            for j in 0..k {
-                if j > 0 {
-                    let seed = draft.carrier.clone();
-                    draft.step(programs.get(draft_key(1)), &[drafts[j - 1]], &seed)?;
-                }
-                let (id, dist) = draft_choice(&mut sampler, &draft.logits)?;
-                drafts.push(id);
-                dists.push(dist);
-            }
+            let (drafts, dists) = draft_tokens(&mut draft, &programs, &mut sampler, k)?;
             report.draft += t.elapsed();
 
-            // Verify [tip, d_1..d_k] in one step of k + 1 rows.
+            // Verify [tip, d_1..d_k] in one step of k + 1 rows; keep what the trunk agrees to.
             let t = Instant::now();
             self.exec.checkpoint()?;
-            let mut chunk_ids = vec![tip];
-            chunk_ids.extend(&drafts);
-            let ids: Vec<i64> = chunk_ids.iter().map(|&t| t as i64).collect();
-            let program = programs.get(trunk_key(k + 1, LogitsMode::All));
-            // Greedy rounds take each row's choice where the logits are (on a GPU, 8 bytes a
-            // row); sampled ones need the rows' distributions.
-            let (rows, hidden) = match sampler.sampling() {
-                Sampling::Greedy => {
-                    let g = self.exec.step_with_greedy(program, &ids, &[])?;
-                    (VerifyRows::Chosen(g.chosen), g.exports)
-                }
-                Sampling::Sample { .. } => {
-                    let out = self.exec.step_with(program, &ids, &[])?;
-                    let vocab = out.logits.len() / out.rows;
-                    (VerifyRows::Logits(out.logits, vocab), out.exports)
-                }
+            let ids: Vec<i64> = std::iter::once(tip)
+                .chain(drafts.iter().copied())
+                .map(|t| t as i64)
+                .collect();
+            let (rows, hidden) = self.verify(
+                programs.get(trunk_key(k + 1, LogitsMode::All)),
+                &ids,
+                &sampler,
+            )?;
+            let at_row = |i: usize, bad: BadLogit| {
+                // Named at the row's position, as a plain step's NaN would be.
+                Error::from(LogitsError {
+                    position: m + i,
+                    step: Some(out.len() + i),
+                    token: bad.token,
+                    value: bad.value,
+                })
             };
-            let mut emitted = Vec::with_capacity(k + 1);
-            for i in 0..=k {
-                // A NaN is named at the row's position, as a plain step's would be.
-                let at_row = |bad: BadLogit| {
-                    Error::from(LogitsError {
-                        position: m + i,
-                        step: Some(out.len() + i),
-                        token: bad.token,
-                        value: bad.value,
-                    })
-                };
-                let p = match &rows {
-                    VerifyRows::Chosen(chosen) => vec![(chosen[i].map_err(at_row)?, 1.0)],
-                    VerifyRows::Logits(logits, vocab) => sampler
-                        .distribution(&logits[i * vocab..(i + 1) * vocab])
-                        .map_err(at_row)?,
-                };
-                if i == k {
-                    // Every draft kept: the trunk's token after the last one.
-                    emitted.push(sampler.draw(&p));
-                    break;
-                }
-                let (u, v) = match sampler.sampling() {
-                    Sampling::Greedy => (0.0, 0.0),
-                    Sampling::Sample { .. } => (sampler.uniform(), sampler.uniform()),
-                };
-                match accept::judge(&p, &dists[i], drafts[i], u, v) {
-                    Verdict::Keep => emitted.push(drafts[i]),
-                    Verdict::Replace(id) => {
-                        emitted.push(id);
-                        break;
-                    }
-                }
-            }
+            let emitted = accept_rows(&rows, &drafts, &dists, &mut sampler, at_row)?;
             report.verify += t.elapsed();
             let kept = emitted.len() - 1;
             report.round(k, kept);
             k_choice.record(k, kept);
 
-            // What the generation takes of them: up to max_new_tokens, up to an eos.
+            // What the generation takes of them: up to max_new_tokens, up to an eos; the trunk
+            // keeps the rows they leave fed (the tip and each taken token but the last).
             let mut taken = 0;
             for &id in &emitted {
                 out.push(id);
@@ -350,50 +267,120 @@ impl<'m, E: Executor> Session<'m, E> {
                     break;
                 }
             }
-
-            // Rewind the trunk to the rows the taken tokens leave fed: the tip and each taken
-            // token but the last.
             let t = Instant::now();
-            let keep = taken;
-            if keep < k + 1 {
-                let at = self.exec.rewind(m + keep)?;
-                if at < m + keep {
-                    let rerun = &ids[at - m..keep];
-                    self.exec.step_with(
-                        programs.get(trunk_key(rerun.len(), LogitsMode::All)),
-                        rerun,
-                        &[],
-                    )?;
-                }
-            }
+            self.rewind_trunk(&programs, &ids, m, taken)?;
             report.rewind += t.elapsed();
             tip = *out.last().expect("a round emits a token");
             if done(&out) {
                 break;
             }
-
-            // The draft drops its chained rows and consumes the kept tokens, seeded by the
-            // verify's true hidden rows m..m+kept.
             let t = Instant::now();
-            let at = draft.exec.rewind(m)?;
-            debug_assert_eq!(at, m, "the draft's checkpoint is at the round's start");
-            let hidden = hidden
-                .iter()
-                .find(|(n, _)| n == HIDDEN)
-                .map(|(_, v)| v.as_slice())
-                .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))?;
-            let width = hidden.len() / (k + 1);
-            draft.step(
-                programs.get(draft_key(kept + 1)),
-                &emitted,
-                &hidden[..(kept + 1) * width],
-            )?;
+            catch_up(&mut draft, &programs, m, &emitted, &hidden, k + 1)?;
             report.draft += t.elapsed();
         }
         out.truncate(opts.max_new_tokens);
         report.tokens = out.len();
         report.total = start.elapsed();
         Ok((out, report))
+    }
+
+    /// The prompt's prefill in parts of `chunk`, each part's hidden rows seeding a draft step
+    /// one row behind it (draft row j needs the token at j + 1); the last part's last row pairs
+    /// with the first new token, which this returns, with the time the draft took.
+    fn prefill_with_draft(
+        &mut self,
+        prompt: &[u32],
+        chunk: usize,
+        programs: &Programs,
+        draft: &mut Draft<'_>,
+        sampler: &mut Sampler,
+    ) -> Result<(u32, std::time::Duration)> {
+        let mut draft_time = std::time::Duration::ZERO;
+        let parts: Vec<&[u32]> = prompt.chunks(chunk).collect();
+        let mut first = 0;
+        let mut tip = 0;
+        for (i, part) in parts.iter().enumerate() {
+            let ids: Vec<i64> = part.iter().map(|&t| t as i64).collect();
+            let program = programs.get(trunk_key(part.len(), LogitsMode::Last));
+            let step = self.exec.step_with(program, &ids, &[])?;
+            let mut pairs: Vec<u32> =
+                prompt[first + 1..(first + part.len() + 1).min(prompt.len())].to_vec();
+            if i + 1 == parts.len() {
+                tip = sampler
+                    .next(&step.logits)
+                    .map_err(|bad| self.logits_error(bad, Some(0)))?;
+                pairs.push(tip);
+            }
+            let t = Instant::now();
+            draft.step(
+                programs.get(draft_key(pairs.len())),
+                &pairs,
+                hidden_of(&step.exports)?,
+            )?;
+            draft_time += t.elapsed();
+            first += part.len();
+        }
+        Ok((tip, draft_time))
+    }
+
+    /// One token without drafts: the trunk's choice after `tip` (generation step `step`).
+    fn plain_step(&mut self, tip: u32, sampler: &mut Sampler, step: usize) -> Result<u32> {
+        let program = self
+            .model
+            .program_for(ProgramKey::trunk(1, LogitsMode::Last))?;
+        let chosen = match sampler.sampling() {
+            Sampling::Greedy => self.exec.step_greedy(&program, &[tip as i64])?,
+            Sampling::Sample { .. } => {
+                let (logits, _) = self.exec.step(&program, &[tip as i64])?;
+                sampler.next(&logits)
+            }
+        };
+        chosen.map_err(|bad| self.logits_error(bad, Some(step)))
+    }
+
+    /// The verify step over `ids`: greedy rounds take each row's choice where the logits are
+    /// (on a GPU, 8 bytes a row), sampled ones every row's logits; and the exports.
+    fn verify(
+        &mut self,
+        program: &Program,
+        ids: &[i64],
+        sampler: &Sampler,
+    ) -> Result<(VerifyRows, Exports)> {
+        Ok(match sampler.sampling() {
+            Sampling::Greedy => {
+                let g = self.exec.step_with_greedy(program, ids, &[])?;
+                (VerifyRows::Chosen(g.chosen), g.exports)
+            }
+            Sampling::Sample { .. } => {
+                let out = self.exec.step_with(program, ids, &[])?;
+                let vocab = out.logits.len() / out.rows;
+                (VerifyRows::Logits(out.logits, vocab), out.exports)
+            }
+        })
+    }
+
+    /// Back to the verify's first `keep` rows (of `ids`, from position `m`): the executor
+    /// rewinds as far as it can, the rows past where it got are rerun.
+    fn rewind_trunk(
+        &mut self,
+        programs: &Programs,
+        ids: &[i64],
+        m: usize,
+        keep: usize,
+    ) -> Result<()> {
+        if keep == ids.len() {
+            return Ok(());
+        }
+        let at = self.exec.rewind(m + keep)?;
+        if at < m + keep {
+            let rerun = &ids[at - m..keep];
+            self.exec.step_with(
+                programs.get(trunk_key(rerun.len(), LogitsMode::All)),
+                rerun,
+                &[],
+            )?;
+        }
+        Ok(())
     }
 
     /// Lowers every program a speculative generation of a `prompt_len` prompt in parts of
@@ -435,4 +422,101 @@ impl<'m, E: Executor> Session<'m, E> {
                 priority: 0,
             })
     }
+}
+
+/// The trunk's hidden rows among a step's exports.
+fn hidden_of(exports: &[(String, Vec<f32>)]) -> Result<&[f32]> {
+    exports
+        .iter()
+        .find(|(n, _)| n == HIDDEN)
+        .map(|(_, v)| v.as_slice())
+        .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))
+}
+
+/// `k` drafted tokens with the distributions they were drawn from: the first from the draft's
+/// last logits, each next from a one-row step seeded by the previous step's carrier (the
+/// draft's checkpoint is taken first: these rows are dropped after the verify).
+fn draft_tokens(
+    draft: &mut Draft<'_>,
+    programs: &Programs,
+    sampler: &mut Sampler,
+    k: usize,
+) -> Result<(Vec<u32>, Vec<Dist>)> {
+    draft.exec.checkpoint()?;
+    let mut drafts = Vec::with_capacity(k);
+    let mut dists = Vec::with_capacity(k);
+    for j in 0..k {
+        if j > 0 {
+            let seed = draft.carrier.clone();
+            draft.step(programs.get(draft_key(1)), &[drafts[j - 1]], &seed)?;
+        }
+        let (id, dist) = draft_choice(sampler, &draft.logits)?;
+        drafts.push(id);
+        dists.push(dist);
+    }
+    Ok((drafts, dists))
+}
+
+/// The tokens a round emits: the drafts the verify rows keep ([`accept::judge`]), then the
+/// replacement of the first refused one, or, all kept, the trunk's token after the last.
+/// `at_row` names a row no token can be chosen from.
+fn accept_rows(
+    rows: &VerifyRows,
+    drafts: &[u32],
+    dists: &[Dist],
+    sampler: &mut Sampler,
+    at_row: impl Fn(usize, BadLogit) -> Error,
+) -> Result<Vec<u32>> {
+    let k = drafts.len();
+    let mut emitted = Vec::with_capacity(k + 1);
+    for i in 0..=k {
+        let p = match rows {
+            VerifyRows::Chosen(chosen) => vec![(chosen[i].map_err(|b| at_row(i, b))?, 1.0)],
+            VerifyRows::Logits(logits, vocab) => sampler
+                .distribution(&logits[i * vocab..(i + 1) * vocab])
+                .map_err(|b| at_row(i, b))?,
+        };
+        if i == k {
+            emitted.push(sampler.draw(&p));
+            break;
+        }
+        let (u, v) = match sampler.sampling() {
+            Sampling::Greedy => (0.0, 0.0),
+            Sampling::Sample { .. } => (sampler.uniform(), sampler.uniform()),
+        };
+        match accept::judge(&p, &dists[i], drafts[i], u, v) {
+            Verdict::Keep => emitted.push(drafts[i]),
+            Verdict::Replace(id) => {
+                emitted.push(id);
+                break;
+            }
+        }
+    }
+    Ok(emitted)
+}
+
+/// The draft back at the round's start `m` (its chained rows dropped), then the emitted tokens
+/// consumed, seeded by the verify's true hidden rows m..m + emitted (of its `verify_rows`).
+fn catch_up(
+    draft: &mut Draft<'_>,
+    programs: &Programs,
+    m: usize,
+    emitted: &[u32],
+    exports: &[(String, Vec<f32>)],
+    verify_rows: usize,
+) -> Result<()> {
+    let at = draft.exec.rewind(m)?;
+    if at != m {
+        return Err(Error::Input(format!(
+            "the draft's rewind reached position {at}, not the round's start {m}"
+        )));
+    }
+    let hidden = hidden_of(exports)?;
+    let width = hidden.len() / verify_rows;
+    let rows = emitted.len();
+    draft.step(
+        programs.get(draft_key(rows)),
+        emitted,
+        &hidden[..rows * width],
+    )
 }
