@@ -9,7 +9,7 @@ mod common;
 use std::borrow::Cow;
 use std::path::PathBuf;
 
-use graphrun::checkpoint::{self, Checkpoint, TensorData};
+use graphrun::checkpoint::{self, Checkpoint};
 use graphrun::ir::LogitsMode;
 use graphrun::runtime::model::ProgramKey;
 use graphrun::runtime::{
@@ -35,21 +35,11 @@ fn boosted(boost: &[u32]) -> PathBuf {
         std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     let file = dir.join("model.safetensors");
-    let ck = Checkpoint::open_files(std::slice::from_ref(&file)).unwrap();
-    let mut values = ck.to_f32("lm_head.weight").unwrap();
-    let mut tensors: Vec<TensorData<'static>> = ck
-        .names()
-        .map(|n| {
-            let info = ck.info(n).unwrap();
-            TensorData {
-                name: n.to_string(),
-                dtype: info.dtype,
-                shape: info.shape,
-                bytes: Cow::Owned(ck.bytes(n).unwrap().to_vec()),
-            }
-        })
-        .collect();
-    drop(ck);
+    let mut values = Checkpoint::open_files(std::slice::from_ref(&file))
+        .unwrap()
+        .to_f32("lm_head.weight")
+        .unwrap();
+    let mut tensors = common::read_tensors(&file);
     let head = tensors
         .iter_mut()
         .find(|t| t.name == "lm_head.weight")

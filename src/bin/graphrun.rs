@@ -664,15 +664,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 let origin = a.config.display().to_string();
                 let report = graphrun::bench::speculative::run(&text, &origin, &opts)?;
                 print_line(&report.to_string())?;
-                if let Some(path) = &a.json {
-                    let json =
-                        serde_json::to_string_pretty(&report).expect("a report always serialises");
-                    std::fs::write(path, json).map_err(|e| Error::Io {
-                        path: path.display().to_string(),
-                        msg: e.to_string(),
-                    })?;
-                }
-                return Ok(());
+                return write_json(a.json.as_deref(), &report);
             }
             let opts = graphrun::bench::BenchOptions {
                 layers: a.layers,
@@ -694,15 +686,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
             };
             let report = graphrun::bench::run(&text, &a.config.display().to_string(), &opts)?;
             print_line(&report.to_string())?;
-            if let Some(path) = &a.json {
-                let json =
-                    serde_json::to_string_pretty(&report).expect("a report always serialises");
-                std::fs::write(path, json).map_err(|e| Error::Io {
-                    path: path.display().to_string(),
-                    msg: e.to_string(),
-                })?;
-            }
+            write_json(a.json.as_deref(), &report)?;
         }
+    }
+    Ok(())
+}
+
+/// Writes `report` as JSON to `path`, where one is given (`--json`).
+fn write_json(
+    path: Option<&std::path::Path>,
+    report: &impl serde::Serialize,
+) -> Result<(), Failure> {
+    if let Some(path) = path {
+        let json = serde_json::to_string_pretty(report).expect("a report always serialises");
+        std::fs::write(path, json).map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
     }
     Ok(())
 }

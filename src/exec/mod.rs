@@ -37,21 +37,23 @@ pub struct GreedyRows {
 
 impl GreedyRows {
     pub fn export(&self, name: &str) -> Option<&[f32]> {
-        self.exports
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+        export(&self.exports, name)
     }
 }
 
 impl StepOutput {
     /// The export `name`.
     pub fn export(&self, name: &str) -> Option<&[f32]> {
-        self.exports
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+        export(&self.exports, name)
     }
+}
+
+/// The export `name` of a step's `exports`.
+pub fn export<'e>(exports: &'e [(String, Vec<f32>)], name: &str) -> Option<&'e [f32]> {
+    exports
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_slice())
 }
 
 /// One sequence on an executor: it runs the steps of lowered programs over the state it keeps

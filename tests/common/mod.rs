@@ -88,3 +88,20 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 }
 
 pub mod gpu;
+
+/// Every tensor of one safetensors file, owned (for tests that edit a checkpoint and write it
+/// back).
+pub fn read_tensors(file: &Path) -> Vec<graphrun::checkpoint::TensorData<'static>> {
+    let ck = Checkpoint::open_files(&[file.to_path_buf()]).unwrap();
+    ck.names()
+        .map(|n| {
+            let info = ck.info(n).unwrap();
+            graphrun::checkpoint::TensorData {
+                name: n.to_string(),
+                dtype: info.dtype,
+                shape: info.shape,
+                bytes: std::borrow::Cow::Owned(ck.bytes(n).unwrap().to_vec()),
+            }
+        })
+        .collect()
+}

@@ -426,10 +426,7 @@ impl<'m, E: Executor> Session<'m, E> {
 
 /// The trunk's hidden rows among a step's exports.
 fn hidden_of(exports: &[(String, Vec<f32>)]) -> Result<&[f32]> {
-    exports
-        .iter()
-        .find(|(n, _)| n == HIDDEN)
-        .map(|(_, v)| v.as_slice())
+    crate::exec::export(exports, HIDDEN)
         .ok_or_else(|| Error::Input("the trunk program exports no `hidden`".into()))
 }
 

@@ -582,12 +582,7 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         let logits = read_out(gpu, host_times, replayed, entered, host_step_s, |gpu| {
             gpu.download(&io.logits, "logits")
         })?;
-        let exports = program
-            .exports
-            .iter()
-            .zip(&io.exports)
-            .map(|(e, buf)| Ok((e.name.clone(), gpu.download(buf, &e.name)?)))
-            .collect::<Result<Vec<_>, CudaError>>()?;
+        let exports = download_exports(gpu, program, io)?;
         Ok(crate::exec::StepOutput {
             logits,
             rows: io.logits_rows,
@@ -657,12 +652,7 @@ impl crate::exec::Executor for CudaExecutor<'_> {
                 .map_err(|e| CudaError::driver("gathering the rows' greedy keys", None, e))?;
         }
         let got = gpu.download(all, "the rows' greedy keys")?;
-        let exports = program
-            .exports
-            .iter()
-            .zip(&io.exports)
-            .map(|(e, buf)| Ok((e.name.clone(), gpu.download(buf, &e.name)?)))
-            .collect::<Result<Vec<_>, CudaError>>()?;
+        let exports = download_exports(gpu, program, io)?;
         gpu.sync("the step")?;
         Ok(crate::exec::GreedyRows {
             chosen: got.into_iter().map(launch::sampling::argmax_of).collect(),
@@ -688,24 +678,14 @@ impl crate::exec::Executor for CudaExecutor<'_> {
             }
             let copy = match (buf, kept.remove(name)) {
                 (DevState::HostTokens(t), _) => DevState::HostTokens(t.clone()),
-                (DevState::F32(b), Some(DevState::F32(mut c))) if c.len() == b.len() => {
-                    copy_state(gpu, b, &mut c)?;
-                    DevState::F32(c)
+                (DevState::F32(b), Some(DevState::F32(c))) => {
+                    DevState::F32(copy_into(gpu, b, Some(c), name)?)
                 }
-                (DevState::F32(b), _) => {
-                    let mut c = gpu.zeros(b.len(), name)?;
-                    copy_state(gpu, b, &mut c)?;
-                    DevState::F32(c)
+                (DevState::F32(b), _) => DevState::F32(copy_into(gpu, b, None, name)?),
+                (DevState::I64(b), Some(DevState::I64(c))) => {
+                    DevState::I64(copy_into(gpu, b, Some(c), name)?)
                 }
-                (DevState::I64(b), Some(DevState::I64(mut c))) if c.len() == b.len() => {
-                    copy_state(gpu, b, &mut c)?;
-                    DevState::I64(c)
-                }
-                (DevState::I64(b), _) => {
-                    let mut c = gpu.zeros(b.len(), name)?;
-                    copy_state(gpu, b, &mut c)?;
-                    DevState::I64(c)
-                }
+                (DevState::I64(b), _) => DevState::I64(copy_into(gpu, b, None, name)?),
             };
             kept.insert(name.clone(), copy);
         }
@@ -742,6 +722,35 @@ impl crate::exec::Executor for CudaExecutor<'_> {
         state.position = at;
         Ok(at)
     }
+}
+
+/// The step's exports, from the buffers its last segment copied them into.
+fn download_exports(
+    gpu: &Gpu,
+    program: &Program,
+    io: &StepIo,
+) -> Result<Vec<(String, Vec<f32>)>, CudaError> {
+    program
+        .exports
+        .iter()
+        .zip(&io.exports)
+        .map(|(e, buf)| Ok((e.name.clone(), gpu.download(buf, &e.name)?)))
+        .collect()
+}
+
+/// A copy of `from` on the device, into `reuse` where it has the length (else a new buffer).
+fn copy_into<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    from: &CudaSlice<T>,
+    reuse: Option<CudaSlice<T>>,
+    name: &str,
+) -> Result<CudaSlice<T>, CudaError> {
+    let mut to = match reuse {
+        Some(c) if c.len() == from.len() => c,
+        _ => gpu.zeros(from.len(), name)?,
+    };
+    copy_state(gpu, from, &mut to)?;
+    Ok(to)
 }
 
 /// A device copy of one state's buffer (stream-ordered: the next step sees it).
