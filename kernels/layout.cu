@@ -413,74 +413,103 @@ HC_READ_KERNELS(bf16_t, bf16)
 //                     then hc_mix_gate's warps for its channels with act from shared memory.
 #define HC_GATE_MAX_RANK 1024
 
-template <typename W, int R>
+// Rows t0 .. t0 + nt - 1 (nt ≤ NT) of h in one block: the block's weight chunks are loaded once
+// for all of them. Each row's sums are those of a one-row block (the same chunks a thread, in
+// the same order, reduced the same way): the same bits whatever NT.
+template <typename W, int R, int NT>
 __device__ __forceinline__ void hc_read_act_stream(float* part, float* ssq, const float* h, const float* w,
                                                    const W* down, const W* inject, long streams, long width,
-                                                   long rank, long gains, long w_len) {
+                                                   long rank, long gains, long w_len, long t0, int nt) {
     constexpr int N = WeightVec<W>::N;
-    __shared__ float red[R + 1][32];
+    __shared__ float red[R + 1][NT][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long t = blockIdx.z, s = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + gains;
+    const long s = blockIdx.y, o0 = (long)blockIdx.x * R, outs = rank + gains;
     const long hid = width / streams;
-    const float* hs = h + t * width + s * hid;
+    const float* hs = h + t0 * width + s * hid;  // row t0 + t at hs + t * width
     const float* ws = w + (w_len == width ? s * hid : 0);
     const W* rows[R];
-    bool vec = hid % N == 0 && aligned16(hs) && aligned16(ws);
+    bool vec = hid % N == 0 && width % 4 == 0 && aligned16(hs) && aligned16(ws);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         // A block past the last output re-reads the last row (it stores nothing).
         rows[r] = (const W*)hc_read_row(down, inject, min(o0 + r, outs - 1), rank, width, sizeof(W)) + s * hid;
         vec = vec && aligned16(rows[r]);
     }
-    float acc[R], ss = 0.0f;
+    float acc[R][NT], ss[NT];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][t] = 0.0f;
+    }
     if (vec) {
         for (long i = threadIdx.x; i < hid / N; i += blockDim.x) {
             uint4 raw[R];
 #pragma unroll
             for (int r = 0; r < R; r++) raw[r] = WeightVec<W>::load(rows[r], i);
-            float hv[N], nv[N];
-            act_chunk<N>(hs, i, hv);
+            float nv[N];
             act_chunk<N>(ws, i, nv);
 #pragma unroll
-            for (int j = 0; j < N; j++) {
-                ss += hv[j] * hv[j];
-                hv[j] *= 1.0f + nv[j];
-            }
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    float hv[N];
+                    act_chunk<N>(hs + t * width, i, hv);
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                float wv[N];
-                WeightVec<W>::unpack(raw[r], wv);
+                    for (int j = 0; j < N; j++) {
+                        ss[t] += hv[j] * hv[j];
+                        hv[j] *= 1.0f + nv[j];
+                    }
 #pragma unroll
-                for (int j = 0; j < N; j++) acc[r] += hv[j] * wv[j];
+                    for (int r = 0; r < R; r++) {
+                        float wv[N];
+                        WeightVec<W>::unpack(raw[r], wv);
+#pragma unroll
+                        for (int j = 0; j < N; j++) acc[r][t] += hv[j] * wv[j];
+                    }
+                }
             }
         }
     } else {
         for (long c = threadIdx.x; c < hid; c += blockDim.x) {
-            const float hv = hs[c];
-            ss += hv * hv;
-            const float hw = hv * (1.0f + ws[c]);
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += hw * WeightVec<W>::one(rows[r], c);
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float hv = hs[t * width + c];
+                    ss[t] += hv * hv;
+                    const float hw = hv * (1.0f + ws[c]);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][t] += hw * WeightVec<W>::one(rows[r], c);
+                }
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) red[r][warp] = v;
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float v = warp_sum(acc[r][t]);
+                if (lane == 0) red[r][t][warp] = v;
+            }
+            const float v = warp_sum(ss[t]);
+            if (lane == 0) red[R][t][warp] = v;
+        }
     }
-    const float v = warp_sum(ss);
-    if (lane == 0) red[R][warp] = v;
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float p = warp_sum(lane < warps ? red[r][lane] : 0.0f);
-            if (lane == 0 && o0 + r < outs) part[(t * outs + o0 + r) * streams + s] = p;
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const long row = t0 + t;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float p = warp_sum(lane < warps ? red[r][t][lane] : 0.0f);
+                    if (lane == 0 && o0 + r < outs) part[(row * outs + o0 + r) * streams + s] = p;
+                }
+                const float q = warp_sum(lane < warps ? red[R][t][lane] : 0.0f);
+                if (lane == 0 && blockIdx.x == 0) ssq[row * streams + s] = q;
+            }
         }
-        const float q = warp_sum(lane < warps ? red[R][lane] : 0.0f);
-        if (lane == 0 && blockIdx.x == 0) ssq[t * streams + s] = q;
     }
 }
 
@@ -537,15 +566,16 @@ __device__ __forceinline__ void hc_read_gate_prefetch_up(uint4* raw, const W* up
 
 // EARLY: the early form (the launcher takes it only where hc_gate_lane's `early` holds; `raw`:
 // the lane's up chunks, loaded by hc_read_gate_prefetch_up), else the general one (raw unused).
+// Rows t0 .. t0 + nt - 1, one after another with the lane's up chunks held: each row's sums are
+// a one-row block's.
 template <typename W, bool EARLY>
 __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const float* h, const float* part,
                                                     const float* ssq, const float* w, const W* up, long streams,
                                                     long hid, long rank, long gains, long w_len, float eps,
-                                                    const uint4* raw) {
+                                                    const uint4* raw, long t0, int nt) {
     __shared__ __align__(16) float act_s[HC_GATE_MAX_RANK];
     __shared__ float inv_s[HC_MAX_STREAMS];
-    const long t = blockIdx.y, width = streams * hid, outs = rank + gains;
-    const float* ht = h + t * width;
+    const long width = streams * hid, outs = rank + gains;
     const int lane = threadIdx.x & 31;
     const HcGateLane g = hc_gate_lane<W>(up, streams, hid, rank);
     // The launcher checks the early form's conditions as hc_gate_lane does: a mismatch is a bug,
@@ -554,58 +584,77 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
     const bool early = EARLY, live = g.live;
     const int per = g.per;
     const long c = g.c, s = g.s, ch = g.ch, chunks = g.chunks, first = g.first;
-    float hv = 0.0f, nw = 0.0f;
-    if (early && live) {
-        hv = ht[ch];
-        nw = hc_norm_weight(w, ch, hid, w_len);
-    }
-    // The thread's partial sums are loaded with the sums of squares, in one round trip to L2
-    // rather than one after the other (where each output's C partial sums and a thread's outputs
-    // fit in `pre`): the inverse RMS is needed only to combine them.
+    const float nw = early && live ? hc_norm_weight(w, ch, hid, w_len) : 0.0f;
     const bool pre_fits = streams <= HC_PRE_STREAMS && outs <= HC_PRE_OUTS * (long)blockDim.x;
-    float pre[HC_PRE_OUTS][HC_PRE_STREAMS];
-    if (pre_fits) {
-#pragma unroll
-        for (int u = 0; u < HC_PRE_OUTS; u++) {
-            const long o = threadIdx.x + u * (long)blockDim.x;
-#pragma unroll
-            for (int q = 0; q < HC_PRE_STREAMS; q++)
-                pre[u][q] = o < outs && q < streams ? part[(t * outs + o) * streams + q] : 0.0f;
-        }
-    }
-    if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);
-    __syncthreads();
-    for (long o = threadIdx.x, u = 0; o < outs; o += blockDim.x, u++) {
-        float d = 0.0f;
+    for (long t = t0; t < t0 + nt; t++) {
+        const float* ht = h + t * width;
+        const float hv = early && live ? ht[ch] : 0.0f;
+        // The thread's partial sums are loaded with the sums of squares, in one round trip to L2
+        // rather than one after the other (where each output's C partial sums and a thread's
+        // outputs fit in `pre`): the inverse RMS is needed only to combine them.
+        float pre[HC_PRE_OUTS][HC_PRE_STREAMS];
         if (pre_fits) {
 #pragma unroll
-            for (int v = 0; v < HC_PRE_OUTS; v++)
-                if (v == u)
+            for (int u = 0; u < HC_PRE_OUTS; u++) {
+                const long o = threadIdx.x + u * (long)blockDim.x;
 #pragma unroll
-                    for (int q = 0; q < HC_PRE_STREAMS; q++)
-                        if (q < streams) d += inv_s[q] * pre[v][q];
-        } else {
-            for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];
+                for (int q = 0; q < HC_PRE_STREAMS; q++)
+                    pre[u][q] = o < outs && q < streams ? part[(t * outs + o) * streams + q] : 0.0f;
+            }
         }
-        if (o < rank)
-            act_s[o] = silu_f32(d / (float)streams);
-        else if (blockIdx.x == 0)
-            inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
+        if (threadIdx.x < streams) inv_s[threadIdx.x] = rsqrtf(ssq[t * streams + threadIdx.x] / hid + eps);
+        __syncthreads();
+        for (long o = threadIdx.x, u = 0; o < outs; o += blockDim.x, u++) {
+            float d = 0.0f;
+            if (pre_fits) {
+#pragma unroll
+                for (int v = 0; v < HC_PRE_OUTS; v++)
+                    if (v == u)
+#pragma unroll
+                        for (int q = 0; q < HC_PRE_STREAMS; q++)
+                            if (q < streams) d += inv_s[q] * pre[v][q];
+            } else {
+                for (long q = 0; q < streams; q++) d += inv_s[q] * part[(t * outs + o) * streams + q];
+            }
+            if (o < rank)
+                act_s[o] = silu_f32(d / (float)streams);
+            else if (blockIdx.x == 0)
+                inj[t * streams + (o - rank)] = 2.0f * sigmoid_f32(d / (float)streams);
+        }
+        __syncthreads();
+        if (!early) {
+            hc_mix_gate_with<W>(
+                y + t * hid,
+                [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); }, act_s,
+                up, 1, streams, hid, rank);
+        } else {
+            // strided_dot_short's sums over the chunks loaded above.
+            float d = 0.0f;
+            if (live) d = short_chunks_dot<W, HC_GATE_CHUNKS>(act_s, raw, chunks, first, per);
+            for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+            float term = sigmoid_f32(d) * (hv * inv_s[s] * nw);
+            for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
+            if (lane == 0 && live) y[t * hid + c] = term / (float)streams;
+        }
+        // act_s and inv_s are rewritten by the next row.
+        if (t + 1 < t0 + nt) __syncthreads();
     }
-    __syncthreads();
-    if (!early) {
-        hc_mix_gate_with<W>(
-            y + t * hid, [&](long, long ch) { return ht[ch] * inv_s[ch / hid] * hc_norm_weight(w, ch, hid, w_len); },
-            act_s, up, 1, streams, hid, rank);
-        return;
-    }
-    // strided_dot_short's sums over the chunks loaded above.
-    float d = 0.0f;
-    if (live) d = short_chunks_dot<W, HC_GATE_CHUNKS>(act_s, raw, chunks, first, per);
-    for (int off = per / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-    float term = sigmoid_f32(d) * (hv * inv_s[s] * nw);
-    for (int off = per; off < 32; off <<= 1) term += __shfl_xor_sync(0xffffffffu, term, off);
-    if (lane == 0 && live) y[t * hid + c] = term / (float)streams;
+}
+
+// Most rows the few-row by-stream kernels (`hc_read_act_s2_few`, `hc_read_gate_se_few`) take in
+// one block (launch::layout::HC_FEW_ROWS).
+#define HC_FEW_ROWS 16
+
+// Before the act kernels' wait: the slices of the block's weight rows (its stream's) into L2.
+template <typename W, int R>
+__device__ __forceinline__ void hc_read_stream_prefetch(const W* down, const W* inject, long streams, long width,
+                                                        long rank, long gains) {
+    const long o0 = (long)blockIdx.x * R, hid = width / streams;
+    const long n = min((long)R, rank + gains - o0);
+    if (threadIdx.x < n)
+        prefetch_weights((const char*)hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)) +
+                             blockIdx.y * hid * (long)sizeof(W),
+                         hid * (long)sizeof(W));
 }
 
 #define HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, R)                                                              \
@@ -613,26 +662,51 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         hc_read_act_s##R##_##SUFFIX(float* part, float* ssq, const float* h, const float* w, const W* down,   \
                                     const W* inject, long streams, long width, long rank, long gains,         \
                                     long w_len) {                                                             \
-        const long o0 = (long)blockIdx.x * R, hid = width / streams;                                          \
-        const long n = min((long)R, rank + gains - o0);                                                       \
-        if (threadIdx.x < n)                                                                                  \
-            prefetch_weights((const char*)hc_read_row(down, inject, o0 + threadIdx.x, rank, width, sizeof(W)) + \
-                                 blockIdx.y * hid * (long)sizeof(W),                                          \
-                             hid * (long)sizeof(W));                                                          \
+        hc_read_stream_prefetch<W, R>(down, inject, streams, width, rank, gains);                            \
         wait_for_producers();                                                                                 \
-        hc_read_act_stream<W, R>(part, ssq, h, w, down, inject, streams, width, rank, gains, w_len);         \
+        hc_read_act_stream<W, R, 1>(part, ssq, h, w, down, inject, streams, width, rank, gains, w_len,       \
+                                    blockIdx.z, 1);                                                           \
+    }
+
+// Every row of a few (`rows` ≤ HC_FEW_ROWS) in each block: grid (outputs / R, streams) for the
+// act kernel, (channels / 8) for the gate; each weight chunk loaded once a step, not once a row.
+#define HC_READ_FEW_ACT_KERNEL(W, SUFFIX, R)                                                                  \
+    extern "C" __global__ void __launch_bounds__(HC_ACT_MAX_THREADS)                                          \
+        hc_read_act_s##R##_few_##SUFFIX(float* part, float* ssq, const float* h, const float* w,              \
+                                        const W* down, const W* inject, long streams, long width, long rank,  \
+                                        long gains, long w_len, int rows) {                                   \
+        hc_read_stream_prefetch<W, R>(down, inject, streams, width, rank, gains);                            \
+        wait_for_producers();                                                                                 \
+        hc_read_act_stream<W, R, HC_FEW_ROWS>(part, ssq, h, w, down, inject, streams, width, rank, gains,    \
+                                              w_len, 0, rows);                                                \
+    }
+
+#define HC_READ_FEW_KERNELS(W, SUFFIX)                                                                        \
+    HC_READ_FEW_ACT_KERNEL(W, SUFFIX, 2)                                                                      \
+    extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_se_few_##SUFFIX(                                    \
+        float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
+        const W* up, long streams, long hid, long rank, long gains, long w_len, float eps, int rows) {        \
+        hc_read_gate_prefetch_rows<W>(up, streams, hid, rank);                                               \
+        uint4 raw[HC_GATE_CHUNKS];                                                                            \
+        hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
+        wait_for_producers();                                                                                 \
+        hc_read_gate_stream<W, true>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw, \
+                                     0, rows);                                                                \
     }
 
 #define HC_READ_STREAM_KERNELS(W, SUFFIX)                                                                      \
     HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 2)                                                                   \
     HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 4)                                                                   \
+    HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 8)                                                                   \
+    HC_READ_STREAM_ACT_KERNEL(W, SUFFIX, 16)                                                                  \
+    HC_READ_FEW_KERNELS(W, SUFFIX)                                                                            \
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_s_##SUFFIX(                                         \
         float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
         const W* up, long streams, long hid, long rank, long gains, long w_len, float eps) {                  \
         hc_read_gate_prefetch_rows<W>(up, streams, hid, rank);                                               \
         wait_for_producers();                                                                                 \
         hc_read_gate_stream<W, false>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps,    \
-                                      nullptr);                                                               \
+                                      nullptr, blockIdx.y, 1);                                                \
     }                                                                                                         \
     extern "C" __global__ void HC_GATE_BOUNDS hc_read_gate_se_##SUFFIX(                                        \
         float* y, float* inj, const float* h, const float* part, const float* ssq, const float* w,            \
@@ -641,7 +715,8 @@ __device__ __forceinline__ void hc_read_gate_stream(float* y, float* inj, const 
         uint4 raw[HC_GATE_CHUNKS];                                                                            \
         hc_read_gate_prefetch_up<W>(raw, up, streams, hid, rank);                                             \
         wait_for_producers();                                                                                 \
-        hc_read_gate_stream<W, true>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw); \
+        hc_read_gate_stream<W, true>(y, inj, h, part, ssq, w, up, streams, hid, rank, gains, w_len, eps, raw, \
+                                     blockIdx.y, 1);                                                          \
     }
 
 HC_READ_STREAM_KERNELS(float, f32)

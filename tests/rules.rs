@@ -164,13 +164,38 @@ fn rules_choose_by_the_node_shape_and_name_the_kernel() {
     // Every CUDA node names at least one kernel; no node is left to the launcher.
     assert!(bf16.nodes.iter().all(|n| !n.kernels.is_empty()));
     // In a prefill of 4 tokens the lm head sees one row (after `LastRow`) and streams; the
-    // other linears see 4 and take a warp per row, every token in the warp.
+    // other linears see 4: bf16 ones take the few-row tensor-core kernels by their shape (GDN's
+    // qkv 2560 -> 10240 32 weight rows a block, the output projections' k of 6144 eight warps
+    // along k), f32 ones a warp per row, every token in the warp.
     let opts = LowerOptions {
         device: Device::Cuda,
+        weight_format: Some(WeightFormat::Bf16),
         ..LowerOptions::new(Phase::Prefill, 4, LogitsMode::Last)
     };
     let p = lower(&real_plan(), &g, &opts).unwrap().program;
     assert_eq!(node(&p, "lm_head.logits").variant, "rows1_stream");
+    let few = |name: &str| {
+        let n = node(&p, name);
+        (n.variant.clone(), n.rule.clone(), n.kernels.clone())
+    };
+    assert_eq!(
+        few("blk.0.gdn.qkv"),
+        (
+            "few_r32s4".into(),
+            "linear.few_rows_many_rows".into(),
+            vec!["linear_few_r32_s4_t8_bf16".to_string()]
+        )
+    );
+    assert_eq!(few("blk.0.gdn.z").0, "few_r16s4");
+    assert_eq!(
+        few("blk.0.attn_res.h_new").2,
+        vec!["linear_hc_write_few_r16_s8_t8_bf16".to_string()]
+    );
+    let opts = LowerOptions {
+        weight_format: Some(WeightFormat::F32),
+        ..opts
+    };
+    let p = lower(&real_plan(), &g, &opts).unwrap().program;
     assert!(p
         .nodes
         .iter()

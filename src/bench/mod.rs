@@ -37,11 +37,7 @@ type CudaSession<'m> = Session<'m, CudaExecutor<'m>>;
 pub struct BenchOptions {
     /// Also time every one-token linear variant on every one-token matrix shape.
     pub sweep_linear: bool,
-    /// Graph files, rule overrides and fusions to benchmark with (the model options' fields of
-    /// the same names; the rest of the options are the bench's own).
-    pub graphs_dir: Option<std::path::PathBuf>,
-    pub overrides: Vec<crate::passes::schedule::RuleOverride>,
-    pub fusions: Option<Vec<String>>,
+    pub schedule: Schedule,
     /// Op kinds whose nodes every step launches twice (`ModelOptions::cuda_launch_twice`):
     /// the decode times then include those nodes' marginal cost a second time. For measurement:
     /// the model's results are not what is timed.
@@ -140,22 +136,59 @@ fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
     Ok((2 * n * 4 * reps) as f64 / secs / 1e9)
 }
 
+/// Graph files, rule overrides and fusions to benchmark with (the model options' fields of
+/// the same names; the rest of a bench's options are its own).
+#[derive(Debug, Clone, Default)]
+pub struct Schedule {
+    pub graphs_dir: Option<std::path::PathBuf>,
+    pub overrides: Vec<crate::passes::schedule::RuleOverride>,
+    pub fusions: Option<Vec<String>>,
+}
+
+impl Schedule {
+    /// `options` with this schedule's graphs, rules and fusions.
+    pub fn apply(&self, options: ModelOptions) -> ModelOptions {
+        ModelOptions {
+            graphs_dir: self.graphs_dir.clone(),
+            overrides: self.overrides.clone(),
+            fusions: self.fusions.clone(),
+            ..options
+        }
+    }
+
+    /// The changes from the built-in graphs, rules and fusions, in words.
+    pub fn changes(&self) -> Vec<String> {
+        let mut parts = Vec::new();
+        if let Some(dir) = &self.graphs_dir {
+            parts.push(format!("graphs from {}", dir.display()));
+        }
+        if !self.overrides.is_empty() {
+            let rules: Vec<String> = self.overrides.iter().map(|o| o.to_string()).collect();
+            parts.push(format!("rules {}", rules.join(", ")));
+        }
+        match &self.fusions {
+            Some(f) if f.is_empty() => parts.push("no fusions".into()),
+            Some(f) => parts.push(format!("only fusions {}", f.join(", "))),
+            None => {}
+        }
+        parts
+    }
+
+    /// [`Schedule::changes`] in one line ("built-in graphs, rules and fusions" when none).
+    pub fn summary(&self) -> String {
+        let parts = self.changes();
+        if parts.is_empty() {
+            "built-in graphs, rules and fusions".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
 /// The schedule a report was made with, in words (built-in graphs and rules when no option
 /// changes them).
 fn schedule_summary(opts: &BenchOptions) -> String {
-    let mut parts = Vec::new();
-    if let Some(dir) = &opts.graphs_dir {
-        parts.push(format!("graphs from {}", dir.display()));
-    }
-    if !opts.overrides.is_empty() {
-        let rules: Vec<String> = opts.overrides.iter().map(|o| o.to_string()).collect();
-        parts.push(format!("rules {}", rules.join(", ")));
-    }
-    match &opts.fusions {
-        Some(f) if f.is_empty() => parts.push("no fusions".into()),
-        Some(f) => parts.push(format!("only fusions {}", f.join(", "))),
-        None => {}
-    }
+    let mut parts = opts.schedule.changes();
     if !opts.launch_twice.is_empty() {
         parts.push(format!(
             "nodes of {} launched twice (a measurement: not the model's times)",
@@ -208,18 +241,15 @@ pub fn run(config_text: &str, origin: &str, opts: &BenchOptions) -> Result<Bench
             "--step-rows: a step takes at least one token".into(),
         ));
     }
-    let options = ModelOptions {
+    let options = opts.schedule.apply(ModelOptions {
         // Each context runs six timed passes of `decode_steps` tokens (graphs without and with
         // overlap, greedy, sampled, host times, eager), five of them after 3 warm-up tokens, up
         // to 16 segment-timed, 4 profiled and 32 traced tokens: within 7 * decode_steps + 96.
         context_capacity: Some(max_ctx.max(rows_need) + opts.decode_steps * 7 + 96),
-        graphs_dir: opts.graphs_dir.clone(),
-        overrides: opts.overrides.clone(),
-        fusions: opts.fusions.clone(),
         cuda_launch_twice: opts.launch_twice.clone(),
         ple_table: opts.ple_table,
         ..Default::default()
-    };
+    });
     // Graph files, rules and fusions are checked before the device is opened: lowering the
     // step shapes the bench runs names a bad one without a GPU.
     let graphs = options.graph_set()?;

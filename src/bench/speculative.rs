@@ -33,6 +33,7 @@ pub struct SpecBenchOptions {
     pub acceptances: Vec<f64>,
     pub ple_vocab_base: Option<u64>,
     pub seed: u64,
+    pub schedule: super::Schedule,
 }
 
 /// One verify step's length and time.
@@ -60,6 +61,8 @@ pub struct ModelledRow {
 #[derive(Debug, Serialize)]
 pub struct SpecBenchReport {
     pub device: String,
+    /// The graphs, rules and fusions (`Schedule::summary`).
+    pub schedule: String,
     pub layers: usize,
     pub experts: String,
     pub context: usize,
@@ -79,8 +82,8 @@ impl std::fmt::Display for SpecBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "speculative bench: {}, {} layers, {} experts, context {}",
-            self.device, self.layers, self.experts, self.context
+            "speculative bench: {}, {} layers, {} experts, context {}; {}",
+            self.device, self.layers, self.experts, self.context, self.schedule
         )?;
         writeln!(
             f,
@@ -138,11 +141,11 @@ pub fn run(config_text: &str, origin: &str, opts: &SpecBenchOptions) -> Result<S
     // The context, then every timed step's rows (each verify and draft step is rewound, the
     // decode steps are not).
     let capacity = opts.context + 4 * steps + 64;
-    let options = ModelOptions {
+    let options = opts.schedule.apply(ModelOptions {
         context_capacity: Some(capacity),
         prefill_chunk: Some(4096),
         ..Default::default()
-    };
+    });
     let layers = plan.layers.len();
     let vocab = plan.vocab_size;
     let width = plan.hc.count * plan.hidden_size;
@@ -313,6 +316,7 @@ pub fn run(config_text: &str, origin: &str, opts: &SpecBenchOptions) -> Result<S
         .collect();
     Ok(SpecBenchReport {
         device,
+        schedule: opts.schedule.summary(),
         layers,
         experts: opts.experts.to_string(),
         context: opts.context,

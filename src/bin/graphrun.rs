@@ -649,6 +649,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 path: a.config.display().to_string(),
                 msg: e.to_string(),
             })?;
+            let schedule = graphrun::bench::Schedule {
+                graphs_dir: cli.graphs.clone(),
+                overrides: a.schedule.overrides()?,
+                fusions: a.schedule.fusions(),
+            };
             if a.speculative {
                 let opts = graphrun::bench::speculative::SpecBenchOptions {
                     on_cpu: a.cpu,
@@ -660,6 +665,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     acceptances: a.acceptances.clone(),
                     ple_vocab_base: a.ple_vocab_base,
                     seed: a.seed,
+                    schedule: schedule.clone(),
                 };
                 let origin = a.config.display().to_string();
                 let report = graphrun::bench::speculative::run(&text, &origin, &opts)?;
@@ -678,9 +684,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 ple_table: a.ple_table,
                 seed: a.seed,
                 sweep_linear: a.sweep_linear,
-                graphs_dir: cli.graphs.clone(),
-                overrides: a.schedule.overrides()?,
-                fusions: a.schedule.fusions(),
+                schedule,
                 launch_twice: a.launch_twice.clone(),
                 trace: a.trace,
             };

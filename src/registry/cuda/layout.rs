@@ -60,12 +60,49 @@ macro_rules! hc_read {
     };
 }
 
+/// Most rows `hc_read`'s few-row kernels take (`HC_FEW_ROWS` in kernels/layout.cu).
+pub const HC_FEW_ROWS: usize = 16;
+
+/// hc_read's by-stream forms for a few rows: `act` the first kernel, the gate's rows in one
+/// block (`hc_read_gate_se_few`, which needs the early form).
+macro_rules! hc_read_few {
+    ($name:literal, $act:literal, $doc:literal) => {
+        Variant {
+            op: "hc_read",
+            name: $name,
+            doc: $doc,
+            accepts: few_rows_fit,
+            kernels: |f, _| vec![f.kernel($act), f.kernel("hc_read_gate_se_few")],
+        }
+    };
+}
+
+fn few_rows_fit(f: &NodeFacts, _: &DeviceFacts) -> Result<(), String> {
+    hc_read_fits(f, true)?;
+    require(
+        f.tokens <= HC_FEW_ROWS
+            && gate_early(f.dim("streams"), f.dim("rank"), f.format().chunk_len()),
+        || {
+            format!(
+                "{} rows, {} streams of rank {}: the few-row kernels take up to {HC_FEW_ROWS} rows and the gate's early form",
+                f.tokens,
+                f.dim("streams"),
+                f.dim("rank")
+            )
+        },
+    )
+}
+
 pub static HC_READ: &[Variant] = &[
     hc_read!("r1", false, "a block per output over the whole row (the C inverse RMS, R mix activations and C gains), then the gate"),
     hc_read!("r2", false, "a block per 2 outputs over the whole row, then the gate"),
     hc_read!("r4", false, "a block per 4 outputs over the whole row, then the gate"),
     hc_read!("s2", true, "a block per 2 outputs over one stream's slice of the row (partial sums), then the gate kernel combining the streams"),
-    hc_read!("s4", true, "a block per 4 outputs over one stream's slice of the row, then the gate kernel combining the streams"),
+    hc_read!("s8", true, "as s2, 8 outputs a block: each slice of h and of the norm weight read once per 8 outputs"),
+    hc_read!("s16", true, "as s2, 16 outputs a block"),
+    hc_read_few!("s2_few", "hc_read_act_s2_few", "as s2 with every row of a few (up to 16) in each act and gate block, so that each weight chunk is loaded once a step; each row's sums are s2's"),
+    hc_read_few!("s8_gate_few", "hc_read_act_s8", "as s8, every row of a few (up to 16) in each gate block: a lane's up chunks loaded once a step"),
+    hc_read_few!("s16_gate_few", "hc_read_act_s16", "as s16, every row of a few in each gate block"),
 ];
 
 pub static HC_MIX: &[Variant] = &[

@@ -63,6 +63,62 @@ impl MmaTile {
     }
 }
 
+/// The (rows, warps) of a block of the few-token tensor-core kernels (`FEW_KERNELS` in
+/// kernels/linear_few.cu): a block's warps share its rows and split k.
+pub const FEW_SHAPES: [(usize, usize); 3] = [(16, 4), (16, 8), (32, 4)];
+/// Most rows the few-token kernels take: two n8 tiles of tokens.
+pub const FEW_MAX_ROWS: usize = 16;
+
+/// The few-token kernel of `base` (`linear_few`, `linear_hc_write_few`) for a block of `rows`
+/// rows and `warps` warps over `tokens` rows of x: one n8 tile of tokens up to 8, two up to 16.
+pub fn few_kernel(base: &str, rows: usize, warps: usize, tokens: usize) -> String {
+    let tile = if tokens <= 8 { 8 } else { 16 };
+    format!("{base}_r{rows}_s{warps}_t{tile}_bf16")
+}
+
+/// The (rows, warps) a `few_r{rows}s{warps}` variant names.
+pub fn few_shape(variant: &str) -> Option<(usize, usize)> {
+    FEW_SHAPES
+        .into_iter()
+        .find(|&(r, s)| variant == format!("few_r{r}s{s}"))
+}
+
+fn few_takes(f: &NodeFacts, _: &DeviceFacts) -> Result<(), String> {
+    require(
+        f.weight == Some(crate::registry::WeightFormat::Bf16)
+            && f.dim("k") > 0
+            && f.dim("k").is_multiple_of(32)
+            && (1..=FEW_MAX_ROWS).contains(&f.tokens)
+            && f.dim("n").div_ceil(16) <= MAX_GRID,
+        || {
+            format!(
+                "{} weights, k {}, {} rows: the few-token tensor-core kernels take bf16 weights, k a multiple of 32 and 1 to {FEW_MAX_ROWS} rows",
+                f.format(),
+                f.dim("k"),
+                f.tokens
+            )
+        },
+    )
+}
+
+macro_rules! few_variant {
+    ($op:literal, $base:literal, $rows:literal, $warps:literal) => {
+        Variant {
+            op: $op,
+            name: concat!("few_r", $rows, "s", $warps),
+            doc: concat!(
+                "2 to 16 rows on the tensor cores: a block of ",
+                $warps,
+                " warps per ",
+                $rows,
+                " weight rows (the mma's M side; the tokens its N side), the warps splitting k"
+            ),
+            accepts: few_takes,
+            kernels: |f, _| vec![few_kernel($base, $rows, $warps, f.tokens)],
+        }
+    };
+}
+
 /// The split-k partial sums' kernel, launched after a tensor-core product split over k.
 pub const SPLIT_SUM: &str = "linear_split_sum_f32";
 
@@ -173,6 +229,9 @@ pub static LINEAR: &[Variant] = &[
         accepts: mma_takes,
         kernels: |f, d| mma_kernels(MmaTile::Wide, f, d),
     },
+    few_variant!("linear", "linear_few", 16, 4),
+    few_variant!("linear", "linear_few", 16, 8),
+    few_variant!("linear", "linear_few", 32, 4),
 ];
 
 /// `stream_linear`: one matrix over every stream of each row, as `linear` over `rows x streams`
@@ -256,6 +315,9 @@ pub static LINEAR_HC_WRITE: &[Variant] = &[
     group_variant!("linear_hc_write", "group1_g1u4", "linear_hc_write_group1_g1u4", "one token: a block per row, 4 chunks in flight a thread"),
     group_variant!("linear_hc_write", "group1_g2u2", "linear_hc_write_group1_g2u2", "one token: a block per 2 rows, 2 chunks of each in flight a thread"),
     group_variant!("linear_hc_write", "group1_g4u1", "linear_hc_write_group1_g4u1", "one token: a block per 4 rows, a chunk of each in flight a thread"),
+    few_variant!("linear_hc_write", "linear_hc_write_few", 16, 4),
+    few_variant!("linear_hc_write", "linear_hc_write_few", 16, 8),
+    few_variant!("linear_hc_write", "linear_hc_write_few", 32, 4),
 ];
 
 pub static MOE_SHARED_WRITE: &[Variant] = &[Variant {

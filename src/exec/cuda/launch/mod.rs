@@ -12,6 +12,7 @@ pub mod embed;
 pub mod gdn;
 pub mod layout;
 pub mod linear;
+pub mod linear_few;
 pub mod moe;
 pub mod moe_nvfp4;
 pub mod moe_nvfp4_union;

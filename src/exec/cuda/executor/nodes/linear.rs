@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::exec::cuda::launch::linear::{self, GroupKernel, MmaTile, OneToken};
+use crate::exec::cuda::launch::linear_few::{self, FewTile};
 use crate::exec::cuda::launch::{self as kernels, layout};
 
 pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> {
@@ -17,6 +18,10 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
                 "tiled" => kernels::linear_tiled(cx, x, m, rows, k, n)?,
                 "mma" => linear::linear_mma_with(cx, x, m, rows, k, n, MmaTile::T64)?,
                 "mma_wide" => linear::linear_mma_with(cx, x, m, rows, k, n, MmaTile::Wide)?,
+                few if few.starts_with("few_") => {
+                    let tile = FewTile::from_variant(few).ok_or_else(|| a.unknown_variant())?;
+                    linear_few::linear_few(cx, x, m, rows, k, tile)?
+                }
                 one => linear::linear_one_token(cx, x, m, k, n, one_token(one)?)?,
             })]
         }
@@ -53,6 +58,19 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
                 k,
                 n,
                 block,
+            )?)]
+        }
+        Op::LinearHcWrite { streams } if a.variant().starts_with("few_") => {
+            let tile = FewTile::from_variant(a.variant()).ok_or_else(|| a.unknown_variant())?;
+            vec![DVal::F32(linear_few::linear_hc_write_few(
+                cx,
+                a.f32(0),
+                a.f32(1),
+                a.f32(2),
+                a.matrix(0)?,
+                rows,
+                *streams,
+                tile,
             )?)]
         }
         Op::LinearHcWrite { streams } => {

@@ -97,32 +97,50 @@ pub struct HcReadAct {
     /// A block per stream's slice of the row (`hc_read_act_s{R}` + `hc_read_gate_s`: partial
     /// dot products per stream, combined by the gate kernel's blocks) instead of the whole row.
     pub by_stream: bool,
+    /// By stream, every row of a few (at most [`HC_FEW_ROWS`]) in each act block
+    /// (`hc_read_act_s{R}_few`): each weight chunk loaded once a step, not once a row; each row's
+    /// sums are the one-row kernel's.
+    pub few_rows: bool,
+    /// By stream, every row of a few in each gate block (`hc_read_gate_se_few`: a lane's up
+    /// chunks held for all of them).
+    pub few_gate: bool,
 }
+pub use crate::registry::cuda::layout::HC_FEW_ROWS;
 
 impl HcReadAct {
     /// Every variant compiled in kernels/layout.cu (`HC_READ_KERNELS`), for the sweep and tests.
-    pub const ALL: [HcReadAct; 5] = [
-        HcReadAct {
-            outputs_per_block: 1,
-            by_stream: false,
-        },
-        HcReadAct {
-            outputs_per_block: 2,
-            by_stream: false,
-        },
-        HcReadAct {
-            outputs_per_block: 4,
-            by_stream: false,
-        },
-        HcReadAct {
-            outputs_per_block: 2,
-            by_stream: true,
-        },
-        HcReadAct {
-            outputs_per_block: 4,
-            by_stream: true,
-        },
+    pub const ALL: [HcReadAct; 10] = [
+        HcReadAct::of(1, false, false),
+        HcReadAct::of(2, false, false),
+        HcReadAct::of(4, false, false),
+        HcReadAct::of(2, true, false),
+        HcReadAct::of(4, true, false),
+        HcReadAct::of(8, true, false),
+        HcReadAct::of(16, true, false),
+        HcReadAct::few(2, true, true),
+        HcReadAct::few(8, false, true),
+        HcReadAct::few(16, false, true),
     ];
+
+    pub const fn of(outputs_per_block: usize, by_stream: bool, few_rows: bool) -> HcReadAct {
+        HcReadAct {
+            outputs_per_block,
+            by_stream,
+            few_rows,
+            few_gate: few_rows,
+        }
+    }
+
+    /// By stream for a few rows: the act kernel's rows in one block (`rows`) or a grid row
+    /// each, the gate's (`gate`) likewise.
+    pub const fn few(outputs_per_block: usize, rows: bool, gate: bool) -> HcReadAct {
+        HcReadAct {
+            outputs_per_block,
+            by_stream: true,
+            few_rows: rows,
+            few_gate: gate,
+        }
+    }
 
     /// The variant a rule names (`r1`, `r2`, `r4`, `s2`, `s4`: `registry::cuda::layout`).
     pub fn from_variant(name: &str) -> Option<HcReadAct> {
@@ -130,7 +148,11 @@ impl HcReadAct {
     }
 
     pub fn name(self) -> String {
-        if self.by_stream {
+        if self.few_rows {
+            format!("s{}_few", self.outputs_per_block)
+        } else if self.few_gate {
+            format!("s{}_gate_few", self.outputs_per_block)
+        } else if self.by_stream {
             format!("s{}", self.outputs_per_block)
         } else {
             format!("r{}", self.outputs_per_block)
@@ -186,12 +208,23 @@ pub fn hc_read(
     let per_block = variant.outputs_per_block;
     shape("hc_read_act", HcReadAct::ALL.contains(&variant), || {
         format!(
-            "{per_block} outputs a block{}: kernels/layout.cu has 1, 2 and 4 a row, 2 and 4 a stream",
+            "{per_block} outputs a block{}: kernels/layout.cu has 1, 2 and 4 a row, 2 and 4 a stream, 2 a stream for a few rows",
             if variant.by_stream { " a stream" } else { "" }
         )
     })?;
-    let act_name = down.kernel(&format!("hc_read_act_{}", variant.name()));
-    let gate_name = down.kernel(if variant.by_stream {
+    let act_name = down.kernel(&format!(
+        "hc_read_act_s{}{}",
+        variant.outputs_per_block,
+        if variant.few_rows { "_few" } else { "" }
+    ));
+    let act_name = if variant.by_stream {
+        act_name
+    } else {
+        down.kernel(&format!("hc_read_act_{}", variant.name()))
+    };
+    let gate_name = down.kernel(if variant.few_gate {
+        "hc_read_gate_se_few"
+    } else if variant.by_stream {
         "hc_read_gate_s"
     } else {
         "hc_read_gate"
@@ -241,6 +274,7 @@ pub fn hc_read(
             eps,
             [act_kernel, kernel],
             per_block,
+            [variant.few_rows, variant.few_gate],
         );
     }
     let mut act = cx.scratch::<f32>(rows * rank, act_kernel)?;
@@ -324,11 +358,24 @@ fn hc_read_by_stream(
     eps: f32,
     [act_kernel, kernel]: [&str; 2],
     per_block: usize,
+    [few_rows, few_gate]: [bool; 2],
 ) -> Result<(Buf<f32>, Option<Buf<f32>>), CudaError> {
     let hid = width / streams;
     shape(kernel, rank <= HC_GATE_MAX_RANK, || {
         format!("rank {rank}: the by-stream gate stages at most {HC_GATE_MAX_RANK} activations")
     })?;
+    shape(
+        kernel,
+        !(few_rows || few_gate) || (rows <= HC_FEW_ROWS && gate_early(cx, up, streams, rank)),
+        || {
+            format!(
+                "{rows} rows, {streams} streams of rank {rank}: the few-row kernels take up to {HC_FEW_ROWS} rows and the gate's early form (a warp's lanes holding an up row in 16-byte chunks)"
+            )
+        },
+    )?;
+    // The few-row kernels take every row in each block; the others a grid row a row.
+    let grid_rows = |few: bool| if few { 1 } else { rows as u32 };
+    let rows32 = rows as i32;
     let gains = if inject.is_some() { streams } else { 0 };
     let outs = rank + gains;
     let mut part = cx.scratch::<f32>(rows * outs * streams, act_kernel)?;
@@ -352,13 +399,20 @@ fn hc_read_by_stream(
     arg_matrix(&mut b, down);
     arg_matrix_or_null(&mut b, inject);
     b.arg(&s64).arg(&w64).arg(&r64).arg(&g64).arg(&wl64);
+    if few_rows {
+        b.arg(&rows32);
+    }
     // Threads: a 16-byte chunk of the stream's slice each where the slice allows, at most 512.
     let threads = hid
         .div_ceil(down.chunk_len())
         .next_multiple_of(32)
         .clamp(32, 512);
     let cfg = LaunchConfig {
-        grid_dim: (outs.div_ceil(per_block) as u32, streams as u32, rows as u32),
+        grid_dim: (
+            outs.div_ceil(per_block) as u32,
+            streams as u32,
+            grid_rows(few_rows),
+        ),
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -368,7 +422,7 @@ fn hc_read_by_stream(
     launched(act_kernel, unsafe { b.launch(cfg) })?;
     // The gate's early form where it takes the shape (its own kernel: less code to fetch).
     let early_name = up.kernel("hc_read_gate_se");
-    let kernel = if gate_early(cx, up, streams, rank) {
+    let kernel = if !few_gate && gate_early(cx, up, streams, rank) {
         early_name.as_str()
     } else {
         kernel
@@ -385,9 +439,12 @@ fn hc_read_by_stream(
         .arg(&g64)
         .arg(&wl64)
         .arg(&eps);
+    if few_gate {
+        b.arg(&rows32);
+    }
     let warps = 8usize;
     let cfg = LaunchConfig {
-        grid_dim: (hid.div_ceil(warps) as u32, rows as u32, 1),
+        grid_dim: (hid.div_ceil(warps) as u32, grid_rows(few_gate), 1),
         block_dim: ((warps * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
