@@ -60,34 +60,17 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
                 block,
             )?)]
         }
-        Op::LinearHcWrite { streams } if a.variant().starts_with("few_") => {
-            let tile = FewTile::from_variant(a.variant()).ok_or_else(|| a.unknown_variant())?;
-            vec![DVal::F32(linear_few::linear_hc_write_few(
-                cx,
-                a.f32(0),
-                a.f32(1),
-                a.f32(2),
-                a.matrix(0)?,
-                rows,
-                *streams,
-                tile,
-            )?)]
-        }
         Op::LinearHcWrite { streams } => {
-            let how = match a.variant() {
-                "reference" => None,
-                one => Some(one_token(one)?),
-            };
-            vec![DVal::F32(kernels::linear_hc_write(
-                cx,
-                a.f32(0),
-                a.f32(1),
-                a.f32(2),
-                a.matrix(0)?,
-                rows,
-                *streams,
-                how,
-            )?)]
+            let (h, inj, x, m) = (a.f32(0), a.f32(1), a.f32(2), a.matrix(0)?);
+            let write = |one| kernels::linear_hc_write(cx, h, inj, x, m, rows, *streams, one);
+            vec![DVal::F32(match a.variant() {
+                "reference" => write(None)?,
+                few if few.starts_with("few_") => {
+                    let tile = FewTile::from_variant(few).ok_or_else(|| a.unknown_variant())?;
+                    linear_few::linear_hc_write_few(cx, h, inj, x, m, rows, *streams, tile)?
+                }
+                one => write(Some(one_token(one)?))?,
+            })]
         }
         Op::MoeSharedWrite { streams } => vec![DVal::F32(linear::moe_shared_write(
             cx,
