@@ -126,22 +126,11 @@ fn copy_tree(src: &Path, dst: &Path) {
 
 /// Reads every tensor of one safetensors file, lets `edit` change the list, and writes it back.
 fn rewrite_tensors(file: &Path, edit: impl FnOnce(&mut Vec<TensorData<'static>>)) {
-    let (mut tensors, metadata) = {
-        let ck = Checkpoint::open_files(&[file.to_path_buf()]).unwrap();
-        let tensors: Vec<TensorData<'static>> = ck
-            .names()
-            .map(|n| {
-                let info = ck.info(n).unwrap();
-                TensorData {
-                    name: n.to_string(),
-                    dtype: info.dtype,
-                    shape: info.shape,
-                    bytes: Cow::Owned(ck.bytes(n).unwrap().to_vec()),
-                }
-            })
-            .collect();
-        (tensors, ck.file_metadata(0).cloned())
-    };
+    let metadata = Checkpoint::open_files(&[file.to_path_buf()])
+        .unwrap()
+        .file_metadata(0)
+        .cloned();
+    let mut tensors = common::read_tensors(file);
     edit(&mut tensors);
     checkpoint::write_safetensors(file, &tensors, metadata.as_ref()).unwrap();
 }
