@@ -1,6 +1,7 @@
-//! NVFP4 experts on the device (`kernels/moe_nvfp4.cu`, `kernels/moe_nvfp4_union.cu` and their
-//! launchers): the three forms (token-major, expert-major on the tensor cores, the union of the
-//! step's experts on the tensor cores) against the CPU reference
+//! NVFP4 experts on the device (`kernels/moe_nvfp4.cu`, `moe_nvfp4_union.cu`,
+//! `moe_nvfp4_persistent.cu` and their launchers): the four forms (token-major, expert-major on
+//! the tensor cores, the union of the step's experts by a block per tile and by a grid sized to
+//! the GPU) against the CPU reference
 //! (`ops::moe::token_major` over the spec's dequantisation, `Nvfp4Bank::dequantize`) on fresh
 //! random banks with E4M3 NaN scale bytes among them, at tiny shapes and at the real ones (H 2560,
 //! I 640, top 10; 32 experts to save memory), with experts selected by several tokens and a token
@@ -16,6 +17,7 @@ use common::gpu::*;
 use graphrun::exec::cuda::launch::moe_nvfp4::{
     moe_experts_nvfp4_expert_major, moe_experts_nvfp4_token_major, DeviceNvfp4,
 };
+use graphrun::exec::cuda::launch::moe_nvfp4_persistent::moe_experts_nvfp4_persistent;
 use graphrun::exec::cuda::launch::moe_nvfp4_union::moe_experts_nvfp4_union;
 use graphrun::exec::cuda::Launch;
 use graphrun::ir::LogitsMode;
@@ -38,13 +40,17 @@ type Form = fn(
     [usize; 4],
 ) -> Result<graphrun::exec::cuda::device::Buf<f32>, graphrun::exec::cuda::CudaError>;
 
-const FORMS: [(&str, Form); 3] = [
+const FORMS: [(&str, Form); 4] = [
     ("moe_experts_*_nvfp4", moe_experts_nvfp4_token_major),
     (
         "moe_experts_expert_major_*_mma_nvfp4",
         moe_experts_nvfp4_expert_major,
     ),
     ("moe_experts_union_*_nvfp4", moe_experts_nvfp4_union),
+    (
+        "moe_experts_persistent_*_nvfp4",
+        moe_experts_nvfp4_persistent,
+    ),
 ];
 
 /// Random banks `[E, 2I, H]` (a gate and an up global per expert) and `[E, H, I]`, packed, with

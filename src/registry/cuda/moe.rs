@@ -134,6 +134,36 @@ pub fn union_fits(rows: usize, top_k: usize, hidden: usize, inter: usize) -> Res
     )
 }
 
+/// The persistent union kernels (`kernels/moe_nvfp4_persistent.cu`): warps a block
+/// (`PU_WARPS`) and blocks an SM the launch asks for (its `__launch_bounds__`).
+pub const PERSISTENT_WARPS: usize = 4;
+pub const PERSISTENT_BLOCKS_PER_SM: usize = 3;
+
+/// Dynamic shared memory of the persistent union kernels: the union's lists (`PuLists`: an
+/// expert's first slot and count, a slot's expert, a leader's first slot and its units' end).
+pub fn persistent_shared(slots: usize, experts: usize) -> usize {
+    (2 * experts + 3 * slots) * 4
+}
+
+/// Whether the persistent union kernels take a step (the registry's `accepts` and the
+/// launcher's check): the union's lists within their shared memory, rows of whole scale groups.
+pub fn persistent_fits(
+    slots: usize,
+    experts: usize,
+    hidden: usize,
+    inter: usize,
+) -> Result<(), String> {
+    let need = persistent_shared(slots, experts);
+    require(
+        need <= UNION_SHARED_MAX && hidden.is_multiple_of(16) && inter.is_multiple_of(16),
+        || {
+            format!(
+                "{slots} slots of {experts} experts, hidden {hidden}, intermediate {inter}: the persistent union kernels keep the union's lists ({need} bytes) within {UNION_SHARED_MAX} bytes of shared memory and take rows of whole scale groups (multiples of 16)"
+            )
+        },
+    )
+}
+
 /// Warps of a union block over rows of `k` values: enough that each loads its chunks at once.
 pub fn union_warps(k: usize) -> usize {
     k.div_ceil(UNION_CHUNK)
@@ -285,6 +315,28 @@ pub static MOE_EXPERTS: &[Variant] = &[
             vec![
                 "moe_experts_union_gate_up_nvfp4".into(),
                 "moe_experts_union_down_nvfp4".into(),
+                "moe_experts_expert_major_combine_f32".into(),
+            ]
+        },
+    },
+    Variant {
+        op: "moe_experts",
+        name: "nvfp4_union_persistent",
+        doc: "NVFP4 banks read packed, the union of the step's experts by a grid sized to the GPU: each warp streams a run of the union's 16-row tiles (the next batch of codes in flight while the tensor cores take the current), B parts read split from global memory (x split once); then the combine",
+        accepts: |f, _| {
+            nvfp4(f)?;
+            persistent_fits(
+                f.dim("rows") * f.dim("top_k"),
+                f.dim("experts"),
+                f.dim("hidden"),
+                f.dim("intermediate"),
+            )
+        },
+        kernels: |_, _| {
+            vec![
+                "moe_experts_union_split_rows".into(),
+                "moe_experts_persistent_gate_up_nvfp4".into(),
+                "moe_experts_persistent_down_nvfp4".into(),
                 "moe_experts_expert_major_combine_f32".into(),
             ]
         },

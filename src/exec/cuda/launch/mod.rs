@@ -15,6 +15,7 @@ pub mod linear;
 pub mod linear_few;
 pub mod moe;
 pub mod moe_nvfp4;
+pub mod moe_nvfp4_persistent;
 pub mod moe_nvfp4_union;
 pub mod ple;
 pub mod sampling;

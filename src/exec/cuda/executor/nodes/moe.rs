@@ -2,9 +2,10 @@
 
 use super::*;
 use crate::exec::cuda::device::Buf;
-use crate::exec::cuda::launch::{moe, moe_nvfp4, moe_nvfp4_union};
+use crate::exec::cuda::launch::{moe, moe_nvfp4, moe_nvfp4_persistent, moe_nvfp4_union};
 
-/// A routed-experts launcher over NVFP4 banks (`launch::moe_nvfp4`, `launch::moe_nvfp4_union`).
+/// A routed-experts launcher over NVFP4 banks (`launch::moe_nvfp4`, `launch::moe_nvfp4_union`,
+/// `launch::moe_nvfp4_persistent`).
 type Nvfp4Form = fn(
     &Launch,
     &CudaSlice<f32>,
@@ -34,6 +35,9 @@ pub(super) fn launch(cx: &Launch, a: &NodeArgs) -> Result<Vec<DVal>, CudaError> 
                 "nvfp4_token_major" => Some(moe_nvfp4::moe_experts_nvfp4_token_major),
                 "nvfp4_expert_major_mma" => Some(moe_nvfp4::moe_experts_nvfp4_expert_major),
                 "nvfp4_union_mma" => Some(moe_nvfp4_union::moe_experts_nvfp4_union),
+                "nvfp4_union_persistent" => {
+                    Some(moe_nvfp4_persistent::moe_experts_nvfp4_persistent)
+                }
                 _ => None,
             };
             if let Some(form) = nvfp4_form {
