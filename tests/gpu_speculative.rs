@@ -204,3 +204,112 @@ fn sampled_speculative_on_the_gpu_is_seeded() {
         "{report}"
     );
 }
+
+/// `models/tiny-qwen4exp-mtp`'s config written by synth with bf16 matrices and `experts`, in a
+/// fresh directory.
+fn synth_tiny(experts: graphrun::synth::ExpertFormat, tag: &str) -> PathBuf {
+    let text = std::fs::read_to_string(common::repo().join("models/tiny-qwen4exp-mtp/config.json"))
+        .unwrap();
+    let plan = graphrun::plan::ModelPlan::from_json_str(&text, "tiny").unwrap();
+    let dir = common::temp_dir(tag);
+    let opts = graphrun::synth::SynthOptions {
+        dtype: graphrun::synth::SynthDtype::Bf16,
+        seed: 9,
+        shard_bytes: 1 << 30,
+        experts,
+        sparse: false,
+    };
+    graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
+    dir
+}
+
+/// Verify-exact mode (`ModelOptions::verify_exact`): the logits of a step of 2 to 8 rows after a
+/// prompt are, row for row, bit for bit those of one-token decode steps over the same tokens,
+/// for f32 matrices, bf16 ones, and bf16 with NVFP4 experts; and speculative greedy then equals
+/// plain greedy (drafts kept with the boosted f32 head). Without the mode, how many rows differ is printed.
+#[test]
+fn verify_rows_are_decode_steps_bit_for_bit_in_exact_mode() {
+    if !common::gpu::cuda_or_skip() {
+        return;
+    }
+    let models = [
+        // Boosted, so that rounds keep some of their drafts.
+        ("f32", boosted(&[3, 17, 40, 77])),
+        (
+            "bf16",
+            synth_tiny(graphrun::synth::ExpertFormat::Fused, "gpu-exact-bf16"),
+        ),
+        (
+            "bf16, NVFP4 experts",
+            synth_tiny(graphrun::synth::ExpertFormat::Nvfp4, "gpu-exact-nvfp4"),
+        ),
+    ];
+    let prompt = [10u32, 232, 31, 42, 113, 253, 2];
+    let rows = [233u32, 24, 221, 167, 27, 5, 9, 12];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (what, dir) in &models {
+        for exact in [true, false] {
+            let gpu = Model::load(
+                dir,
+                ModelOptions {
+                    verify_exact: exact,
+                    ..on(DeviceChoice::Cuda)
+                },
+            )
+            .unwrap();
+            let mut differing = 0;
+            for n in [2, 5, 8] {
+                let mut a = gpu.session();
+                a.prefill(&prompt, LogitsMode::Last).unwrap();
+                let verify = a.prefill(&rows[..n], LogitsMode::All).unwrap();
+                let mut b = gpu.session();
+                b.prefill(&prompt, LogitsMode::Last).unwrap();
+                for (i, &t) in rows[..n].iter().enumerate() {
+                    let one = b.decode(t).unwrap();
+                    if bits(verify.row(i)) != bits(&one) {
+                        differing += 1;
+                        assert!(
+                            !exact,
+                            "{what}: row {i} of a {n}-row step differs from its decode step"
+                        );
+                    }
+                }
+            }
+            println!("{what}, exact {exact}: {differing} of 15 verify rows differ from their decode steps");
+        }
+        let gpu = Model::load(
+            dir,
+            ModelOptions {
+                verify_exact: true,
+                ..on(DeviceChoice::Cuda)
+            },
+        )
+        .unwrap();
+        let cpu = Model::load(dir, on(DeviceChoice::Cpu)).unwrap();
+        for (len, k) in [(3, 4), (7, 7)] {
+            let spec = SpecOptions {
+                max_k: k,
+                adaptive: false,
+            };
+            let plain = gpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
+            let (got, report) = gpu
+                .session()
+                .generate_speculative(&prompt[..len], &greedy(40), &spec)
+                .unwrap();
+            println!("{what}, exact, prompt {len}, K {k}: {report}");
+            assert_eq!(got, plain, "{what}: prompt {len}, K {k}");
+            if *what == "f32" {
+                assert!(report.accepted > 0, "{what}: no draft kept: {report}");
+            }
+            let on_cpu = cpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
+            println!(
+                "{what}: the CPU's greedy {} the GPU's",
+                if on_cpu == plain {
+                    "equals"
+                } else {
+                    "differs from"
+                }
+            );
+        }
+    }
+}

@@ -213,6 +213,32 @@ fn speculative_refusals_name_the_cause() {
             .to_string();
         assert_eq!(err, format!("--spec-k {k}: a round drafts 1 to 16 tokens"));
     }
+    let exact = Model::load(
+        &common::repo().join("models/tiny-qwen4exp-mtp"),
+        ModelOptions {
+            verify_exact: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut e = exact.session();
+    let spec = |max_k| SpecOptions {
+        max_k,
+        adaptive: true,
+    };
+    let err = e
+        .generate_speculative(&[4, 5], &greedy(4), &spec(8))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("--spec-k 8 with --verify-exact: verify steps of up to 8 rows"),
+        "{err}"
+    );
+    assert_eq!(e.position(), 0);
+    let (got, _) = e
+        .generate_speculative(&[4, 5], &greedy(4), &spec(7))
+        .unwrap();
+    assert_eq!(got.len(), 4);
     let err = s
         .generate_speculative(&[4, 5, 6], &greedy(7), &SpecOptions::default())
         .unwrap_err()

@@ -143,6 +143,7 @@ pub struct Schedule {
     pub graphs_dir: Option<std::path::PathBuf>,
     pub overrides: Vec<crate::passes::schedule::RuleOverride>,
     pub fusions: Option<Vec<String>>,
+    pub verify_exact: bool,
 }
 
 impl Schedule {
@@ -152,6 +153,7 @@ impl Schedule {
             graphs_dir: self.graphs_dir.clone(),
             overrides: self.overrides.clone(),
             fusions: self.fusions.clone(),
+            verify_exact: self.verify_exact,
             ..options
         }
     }
@@ -159,6 +161,9 @@ impl Schedule {
     /// The changes from the built-in graphs, rules and fusions, in words.
     pub fn changes(&self) -> Vec<String> {
         let mut parts = Vec::new();
+        if self.verify_exact {
+            parts.push("verify-exact".into());
+        }
         if let Some(dir) = &self.graphs_dir {
             parts.push(format!("graphs from {}", dir.display()));
         }

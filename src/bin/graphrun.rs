@@ -136,6 +136,11 @@ struct Schedule {
     /// Apply no fusion.
     #[arg(long)]
     no_fusions: bool,
+    /// Verify-exact mode: one-token steps take the kernels of the few-row (verify) steps, whose
+    /// sums for a row do not depend on the step's other rows, so that speculative greedy output
+    /// is plain greedy's bit for bit on the GPU too (a decode step costs a little more).
+    #[arg(long)]
+    verify_exact: bool,
 }
 
 impl Schedule {
@@ -365,6 +370,7 @@ fn load_model(
         cuda_sync_each_node: placement.sync_each_node,
         cuda_launch_twice: Vec::new(),
         ple_table: placement.ple_table,
+        verify_exact: schedule.verify_exact,
     };
     let model = Model::load(dir, options)?;
     if let Some(plan) = &model.memory_plan {
@@ -556,6 +562,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             opts.overrides = a.schedule.overrides()?;
             opts.fusions = a.schedule.fusions();
+            opts.exact = a.schedule.verify_exact;
             let graphs = graph_set(&cli.graphs)?;
             let lowered = lower::lower(&plan, &graphs, &opts)?;
             for (name, n) in &lowered.fusion_counts {
@@ -653,6 +660,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 graphs_dir: cli.graphs.clone(),
                 overrides: a.schedule.overrides()?,
                 fusions: a.schedule.fusions(),
+                verify_exact: a.schedule.verify_exact,
             };
             if a.speculative {
                 let opts = graphrun::bench::speculative::SpecBenchOptions {

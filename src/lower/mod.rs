@@ -63,6 +63,11 @@ pub struct LowerOptions {
     /// The device's properties the rules and kernels depend on; `None`: the executor's defaults
     /// (`DeviceFacts::default_for`: an H200 for CUDA).
     pub device_facts: Option<DeviceFacts>,
+    /// Verify-exact mode: one-token steps take the groupings and kernel variants of the few-row
+    /// (verify) steps, whose rows' sums do not depend on the step's other rows, so that a verify
+    /// row's logits equal a decode step's bit for bit (the rules and groupings that test
+    /// `exact`; docs/speculative.md).
+    pub exact: bool,
 }
 
 impl LowerOptions {
@@ -81,6 +86,7 @@ impl LowerOptions {
             ple_table: Placement::Device,
             device: Device::Cpu,
             device_facts: None,
+            exact: false,
         }
     }
 
@@ -179,6 +185,7 @@ pub fn lower(
         tokens: opts.tokens,
         dims: &dims,
         weight_dtype: opts.weight_dtype.as_deref(),
+        exact: opts.exact,
     };
     let mut fusion_counts = passes::fuse::run(&mut program, &fusions, &dims, &facts)?;
     fusion_counts.extend(passes::group::run(&mut program, &groups, &facts)?);
@@ -206,6 +213,7 @@ pub fn lower(
         phase: opts.phase,
         device,
         formats,
+        exact: opts.exact,
     };
     passes::schedule::run(&mut program, &rules, &schedule)?;
     passes::memplan::run(&mut program)?;

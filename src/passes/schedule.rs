@@ -18,6 +18,8 @@ pub struct Facts {
     pub device: DeviceFacts,
     /// How the executor stores matrices.
     pub formats: StorageFormats,
+    /// Verify-exact mode (`LowerOptions::exact`), a fact rules may test.
+    pub exact: bool,
 }
 
 pub fn run(program: &mut Program, rules: &[Rule], facts: &Facts) -> Result<(), LowerError> {
@@ -33,12 +35,11 @@ pub fn run(program: &mut Program, rules: &[Rule], facts: &Facts) -> Result<(), L
         };
         let mut best: Option<(&Rule, &registry::Variant)> = None;
         for rule in rules.iter().filter(|r| r.op == kind) {
-            let holds = rules::holds(&rule.when, facts.phase, &nf, &facts.device).map_err(|m| {
-                LowerError::Rule {
+            let holds = rules::holds(&rule.when, facts.phase, facts.exact, &nf, &facts.device)
+                .map_err(|m| LowerError::Rule {
                     rule: rule.name.clone(),
                     msg: m,
-                }
-            })?;
+                })?;
             if !holds || best.is_some_and(|(b, _)| b.priority >= rule.priority) {
                 continue;
             }

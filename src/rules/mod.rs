@@ -99,6 +99,10 @@ pub struct When {
     /// The device's multiprocessors (CUDA).
     #[serde(default)]
     pub sms: Range,
+    /// Whether the program is lowered in verify-exact mode (`LowerOptions::exact`: one-token
+    /// steps take the variants of the verify steps, so that their rows' sums agree bit for bit).
+    #[serde(default)]
+    pub exact: Option<bool>,
 }
 
 /// A user's override of one rule.
@@ -253,6 +257,7 @@ fn may_overlap(a: &When, b: &When) -> bool {
     let same = |x: Option<Device>, y: Option<Device>| x.is_none() || y.is_none() || x == y;
     let phase = a.phase.is_none() || b.phase.is_none() || a.phase == b.phase;
     let weight = a.weight.is_none() || b.weight.is_none() || a.weight == b.weight;
+    let exact = a.exact.is_none() || b.exact.is_none() || a.exact == b.exact;
     let dims = a
         .dims
         .iter()
@@ -260,15 +265,22 @@ fn may_overlap(a: &When, b: &When) -> bool {
     same(a.device, b.device)
         && phase
         && weight
+        && exact
         && a.tokens.meets(&b.tokens)
         && a.arch.meets(&b.arch)
         && a.sms.meets(&b.sms)
         && dims
 }
 
-/// Whether `when` holds for a node of a `phase` program on a device; `Err` names a dimension
-/// the predicate tests that the node does not have.
-pub fn holds(w: &When, phase: Phase, node: &NodeFacts, dev: &DeviceFacts) -> Result<bool, String> {
+/// Whether `when` holds for a node of a `phase` program (`exact`: in verify-exact mode) on a
+/// device; `Err` names a dimension the predicate tests that the node does not have.
+pub fn holds(
+    w: &When,
+    phase: Phase,
+    exact: bool,
+    node: &NodeFacts,
+    dev: &DeviceFacts,
+) -> Result<bool, String> {
     for d in w.dims.keys().chain(w.multiple_of.keys()) {
         if !node.dims.contains_key(d) {
             let known: Vec<&str> = node.dims.keys().map(|k| k.as_str()).collect();
@@ -281,6 +293,7 @@ pub fn holds(w: &When, phase: Phase, node: &NodeFacts, dev: &DeviceFacts) -> Res
     }
     Ok(w.device.is_none_or(|d| d == dev.device)
         && w.phase.is_none_or(|p| p == phase)
+        && w.exact.is_none_or(|e| e == exact)
         && w.tokens.holds(node.step)
         && w.dims.iter().all(|(d, r)| r.holds(node.dim(d)))
         && w.multiple_of
@@ -311,6 +324,9 @@ pub struct Predicate {
     /// The checkpoint's float dtype (`"bf16"`); never holds when lowering without weights.
     #[serde(default)]
     pub weight_dtype: Option<String>,
+    /// Whether the program is lowered in verify-exact mode (as `When::exact`).
+    #[serde(default)]
+    pub exact: Option<bool>,
 }
 
 /// What a program-level predicate sees.
@@ -321,6 +337,8 @@ pub struct ProgramFacts<'a> {
     pub dims: &'a crate::ir::dims::Dims,
     /// The checkpoint's float dtype, when known.
     pub weight_dtype: Option<&'a str>,
+    /// Verify-exact mode (`LowerOptions::exact`).
+    pub exact: bool,
 }
 
 pub fn program_holds(p: &Predicate, f: &ProgramFacts) -> bool {
@@ -334,4 +352,5 @@ pub fn program_holds(p: &Predicate, f: &ProgramFacts) -> bool {
         && p.weight_dtype
             .as_deref()
             .is_none_or(|d| f.weight_dtype == Some(d))
+        && p.exact.is_none_or(|e| e == f.exact)
 }

@@ -48,6 +48,10 @@ pub struct ModelOptions {
     /// as consecutive steps (`Session::prefill_chunk`). Unset: the step rule of
     /// `graphs/steps.ron` that holds for the session.
     pub prefill_chunk: Option<usize>,
+    /// Verify-exact mode (`--verify-exact`, `LowerOptions::exact`): one-token steps take the
+    /// verify steps' kernels, so that speculative greedy decoding is plain greedy bit for bit on
+    /// the GPU too.
+    pub verify_exact: bool,
 }
 
 impl ModelOptions {
@@ -66,6 +70,7 @@ impl ModelOptions {
         opts.fusions = self.fusions.clone();
         opts.weight_dtype = weight_dtype;
         opts.device = device;
+        opts.exact = self.verify_exact;
         opts
     }
 

@@ -42,6 +42,10 @@ use adapt::AdaptiveK;
 /// The most drafts a round takes (`--spec-k`).
 pub const MAX_K: usize = 16;
 
+/// The most drafts a round takes in verify-exact mode: its verify steps of up to 8 rows take
+/// the one-token steps' kernels (graphs/rules.ron; tests/verify_exact.rs checks 2 to 8 rows).
+pub const MAX_EXACT_K: usize = 7;
+
 /// The trunk's export the draft is seeded by, and the draft's own (the next chained seed).
 const HIDDEN: &str = "hidden";
 const CARRIER: &str = "carrier";
@@ -168,6 +172,13 @@ impl<'m, E: Executor> Session<'m, E> {
         let start = Instant::now();
         self.model.draft.require()?;
         spec.validate()?;
+        if self.model.options().verify_exact && spec.max_k > MAX_EXACT_K {
+            return Err(Error::Input(format!(
+                "--spec-k {} with --verify-exact: verify steps of up to {} rows take the                  one-token steps' kernels, so a round drafts at most {MAX_EXACT_K} tokens",
+                spec.max_k,
+                MAX_EXACT_K + 1
+            )));
+        }
         let mut sampler = Sampler::new(opts.sampling.clone())?;
         if self.position() != 0 {
             return Err(Error::Input(format!(
