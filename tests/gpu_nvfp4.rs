@@ -249,18 +249,12 @@ fn an_nvfp4_checkpoint_runs_on_the_device_as_on_the_cpu() {
     if !cuda_or_skip() {
         return;
     }
-    let text =
-        std::fs::read_to_string(common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
-    let plan = graphrun::plan::ModelPlan::from_json_str(&text, "tiny").unwrap();
-    let dir = common::temp_dir("gpu-nvfp4-model");
-    let opts = graphrun::synth::SynthOptions {
-        dtype: graphrun::synth::SynthDtype::Bf16,
-        seed: 5,
-        shard_bytes: 1 << 30,
-        experts: graphrun::synth::ExpertFormat::Nvfp4,
-        sparse: false,
-    };
-    graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
+    let dir = common::synth_bf16(
+        "models/tiny-qwen4exp/config.json",
+        "gpu-nvfp4-model",
+        graphrun::synth::ExpertFormat::Nvfp4,
+        5,
+    );
     let cpu = Model::load(&dir, ModelOptions::default()).unwrap();
     let cuda = Model::load(
         &dir,

@@ -205,28 +205,16 @@ fn sampled_speculative_on_the_gpu_is_seeded() {
     );
 }
 
-/// `models/tiny-qwen4exp-mtp`'s config written by synth with bf16 matrices and `experts`, in a
-/// fresh directory.
+/// `models/tiny-qwen4exp-mtp`'s config written by synth with bf16 matrices and `experts`.
 fn synth_tiny(experts: graphrun::synth::ExpertFormat, tag: &str) -> PathBuf {
-    let text = std::fs::read_to_string(common::repo().join("models/tiny-qwen4exp-mtp/config.json"))
-        .unwrap();
-    let plan = graphrun::plan::ModelPlan::from_json_str(&text, "tiny").unwrap();
-    let dir = common::temp_dir(tag);
-    let opts = graphrun::synth::SynthOptions {
-        dtype: graphrun::synth::SynthDtype::Bf16,
-        seed: 9,
-        shard_bytes: 1 << 30,
-        experts,
-        sparse: false,
-    };
-    graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
-    dir
+    common::synth_bf16("models/tiny-qwen4exp-mtp/config.json", tag, experts, 9)
 }
 
 /// Verify-exact mode (`ModelOptions::verify_exact`): the logits of a step of 2 to 8 rows after a
 /// prompt are, row for row, bit for bit those of one-token decode steps over the same tokens,
 /// for f32 matrices, bf16 ones, and bf16 with NVFP4 experts; and speculative greedy then equals
-/// plain greedy (drafts kept with the boosted f32 head). Without the mode, how many rows differ is printed.
+/// plain greedy (drafts kept with the boosted f32 head). Without the mode, how many rows differ
+/// is printed.
 #[test]
 fn verify_rows_are_decode_steps_bit_for_bit_in_exact_mode() {
     if !common::gpu::cuda_or_skip() {
@@ -276,40 +264,40 @@ fn verify_rows_are_decode_steps_bit_for_bit_in_exact_mode() {
                 }
             }
             println!("{what}, exact {exact}: {differing} of 15 verify rows differ from their decode steps");
-        }
-        let gpu = Model::load(
-            dir,
-            ModelOptions {
-                verify_exact: true,
-                ..on(DeviceChoice::Cuda)
-            },
-        )
-        .unwrap();
-        let cpu = Model::load(dir, on(DeviceChoice::Cpu)).unwrap();
-        for (len, k) in [(3, 4), (7, 7)] {
-            let spec = SpecOptions {
-                max_k: k,
-                adaptive: false,
-            };
-            let plain = gpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
-            let (got, report) = gpu
-                .session()
-                .generate_speculative(&prompt[..len], &greedy(40), &spec)
-                .unwrap();
-            println!("{what}, exact, prompt {len}, K {k}: {report}");
-            assert_eq!(got, plain, "{what}: prompt {len}, K {k}");
-            if *what == "f32" {
-                assert!(report.accepted > 0, "{what}: no draft kept: {report}");
+            if exact {
+                speculative_is_plain_greedy(what, dir, &gpu, &prompt);
             }
-            let on_cpu = cpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
-            println!(
-                "{what}: the CPU's greedy {} the GPU's",
-                if on_cpu == plain {
-                    "equals"
-                } else {
-                    "differs from"
-                }
-            );
         }
+    }
+}
+
+/// Greedy speculative decoding on `gpu` (lowered in verify-exact mode) gives plain greedy's
+/// tokens; drafts are kept with the boosted f32 head.
+fn speculative_is_plain_greedy(what: &str, dir: &std::path::Path, gpu: &Model, prompt: &[u32]) {
+    let cpu = Model::load(dir, on(DeviceChoice::Cpu)).unwrap();
+    for (len, k) in [(3, 4), (7, 7)] {
+        let spec = SpecOptions {
+            max_k: k,
+            adaptive: false,
+        };
+        let plain = gpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
+        let (got, report) = gpu
+            .session()
+            .generate_speculative(&prompt[..len], &greedy(40), &spec)
+            .unwrap();
+        println!("{what}, exact, prompt {len}, K {k}: {report}");
+        assert_eq!(got, plain, "{what}: prompt {len}, K {k}");
+        if what == "f32" {
+            assert!(report.accepted > 0, "{what}: no draft kept: {report}");
+        }
+        let on_cpu = cpu.session().generate(&prompt[..len], &greedy(40)).unwrap();
+        println!(
+            "{what}: the CPU's greedy {} the GPU's",
+            if on_cpu == plain {
+                "equals"
+            } else {
+                "differs from"
+            }
+        );
     }
 }

@@ -16,23 +16,16 @@ use graphrun::checkpoint::{self, Checkpoint, DType, TensorData};
 use graphrun::ir::LogitsMode;
 use graphrun::plan::ModelPlan;
 use graphrun::runtime::{GenerateOptions, Model, ModelOptions, Sampling};
-use graphrun::synth::{self, ExpertFormat, SynthDtype, SynthOptions};
+use graphrun::synth::ExpertFormat;
 
 /// The tiny model's config with its routed experts in NVFP4, written to a fresh directory.
 fn nvfp4_checkpoint(tag: &str) -> PathBuf {
-    let text =
-        std::fs::read_to_string(common::repo().join("models/tiny-qwen4exp/config.json")).unwrap();
-    let plan = ModelPlan::from_json_str(&text, "tiny").unwrap();
-    let dir = common::temp_dir(tag);
-    let opts = SynthOptions {
-        dtype: SynthDtype::Bf16,
-        seed: 11,
-        shard_bytes: 1 << 30,
-        experts: ExpertFormat::Nvfp4,
-        sparse: false,
-    };
-    synth::write(&plan, &text, &dir, &opts).unwrap();
-    dir
+    common::synth_bf16(
+        "models/tiny-qwen4exp/config.json",
+        tag,
+        ExpertFormat::Nvfp4,
+        11,
+    )
 }
 
 /// The spec's meaning of one NVFP4 weight, written out here independently of `quant::nvfp4`:

@@ -89,6 +89,28 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 pub mod gpu;
 
+/// A random checkpoint of the repo's `config` (a path under the repo) with bf16 matrices and
+/// routed experts in `experts`, written by synth to a fresh directory.
+pub fn synth_bf16(
+    config: &str,
+    tag: &str,
+    experts: graphrun::synth::ExpertFormat,
+    seed: u64,
+) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join(config)).unwrap();
+    let plan = graphrun::plan::ModelPlan::from_json_str(&text, config).unwrap();
+    let dir = temp_dir(tag);
+    let opts = graphrun::synth::SynthOptions {
+        dtype: graphrun::synth::SynthDtype::Bf16,
+        seed,
+        shard_bytes: 1 << 30,
+        experts,
+        sparse: false,
+    };
+    graphrun::synth::write(&plan, &text, &dir, &opts).unwrap();
+    dir
+}
+
 /// Every tensor of one safetensors file, owned (for tests that edit a checkpoint and write it
 /// back).
 pub fn read_tensors(file: &Path) -> Vec<graphrun::checkpoint::TensorData<'static>> {

@@ -174,7 +174,8 @@ impl<'m, E: Executor> Session<'m, E> {
         spec.validate()?;
         if self.model.options().verify_exact && spec.max_k > MAX_EXACT_K {
             return Err(Error::Input(format!(
-                "--spec-k {} with --verify-exact: verify steps of up to {} rows take the                  one-token steps' kernels, so a round drafts at most {MAX_EXACT_K} tokens",
+                "--spec-k {} with --verify-exact: verify steps of up to {} rows take the \
+                 one-token steps' kernels, so a round drafts at most {MAX_EXACT_K} tokens",
                 spec.max_k,
                 MAX_EXACT_K + 1
             )));
